@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Both create .venv when it is missing and install the project with its dev extras through
+# constraints.txt, which pins torch==2.13.0 (an unpinned torch pulls a multi-GB CUDA build).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TYPED := remat/ir remat/solver remat/api
+
+.PHONY: venv test test-all lint typecheck demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check remat tests examples benchmarks
+	$(VENV)/bin/mypy $(TYPED)
+
+test: lint
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider
+
+test-all: lint
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider -m ''
+
+demo: $(STAMP)
+	$(PY) -m remat.demo
+
+bench: $(STAMP)
+	$(PY) -m pytest -q -m slow -p no:cacheprovider
+	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

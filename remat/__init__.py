@@ -1,0 +1,53 @@
+"""remat: fit neural-network training into device memory.
+
+    graph = remat.trace(model, inputs, loss_fn)   # a costed graph of one training step
+    result = remat.solve(graph, budget="12GiB")    # the cheapest keep/recompute/offload plan
+    step = remat.apply(model, result)              # run it, same gradients
+
+Only the torch-free parts are imported eagerly; ``trace`` and ``apply`` load torch on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from remat.ir import (
+    Graph,
+    GraphValidationError,
+    InfeasibleBudgetError,
+    InvalidPlanError,
+    Plan,
+    RematError,
+    SolverUnavailableError,
+    simulate,
+)
+from remat.solver import SolveResult, solve
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Graph",
+    "GraphValidationError",
+    "InfeasibleBudgetError",
+    "InvalidPlanError",
+    "Plan",
+    "RematError",
+    "SolveResult",
+    "SolverUnavailableError",
+    "__version__",
+    "simulate",
+    "solve",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # torch-backed entry points load lazily so that `import remat` works without torch.
+    if name == "trace":
+        from remat.tracer import trace
+
+        return trace
+    if name in ("apply", "compile_step", "verify"):
+        import remat.executor as ex
+
+        return getattr(ex, name)
+    raise AttributeError(f"module 'remat' has no attribute {name!r}")

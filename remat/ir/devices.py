@@ -1,0 +1,75 @@
+"""Device profiles from public datasheets, so a CPU-only machine can plan for a GPU.
+
+Peak FLOP/s are the dense (no sparsity) tensor-core figures per dtype; ``float32`` is the
+non-tensor-core FP32 rate. Host bandwidth is the theoretical one-direction rate of the host link
+(PCIe 4.0 x16: 32 GB/s; PCIe 5.0 x16: 64 GB/s). The tracer adds a measured profile of the local
+CPU (``remat.tracer``), which needs torch; these need nothing.
+"""
+
+from __future__ import annotations
+
+from remat.ir.graph import DeviceProfile
+
+A100_SXM_80GB = DeviceProfile(
+    name="a100-sxm-80gb",
+    peak_flops_per_s={
+        "float32": 19.5e12,
+        "tfloat32": 156e12,
+        "bfloat16": 312e12,
+        "float16": 312e12,
+        "float64": 9.7e12,
+    },
+    memory_bandwidth_bytes_per_s=2.039e12,
+    host_bandwidth_bytes_per_s=32e9,
+    memory_bytes=80 * 10**9,
+)
+
+H100_SXM = DeviceProfile(
+    name="h100-sxm",
+    peak_flops_per_s={
+        "float32": 67e12,
+        "tfloat32": 494.7e12,
+        "bfloat16": 989.4e12,
+        "float16": 989.4e12,
+        "float64": 34e12,
+    },
+    memory_bandwidth_bytes_per_s=3.35e12,
+    host_bandwidth_bytes_per_s=64e9,
+    memory_bytes=80 * 10**9,
+)
+
+H200_SXM = DeviceProfile(
+    name="h200-sxm",
+    peak_flops_per_s={
+        "float32": 67e12,
+        "tfloat32": 494.7e12,
+        "bfloat16": 989.4e12,
+        "float16": 989.4e12,
+        "float64": 34e12,
+    },
+    memory_bandwidth_bytes_per_s=4.8e12,
+    host_bandwidth_bytes_per_s=64e9,
+    memory_bytes=141 * 10**9,
+)
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (A100_SXM_80GB, H100_SXM, H200_SXM)}
+# Short names people type.
+PROFILES.update({"a100": A100_SXM_80GB, "h100": H100_SXM, "h200": H200_SXM})
+
+
+def get_profile(name: str) -> DeviceProfile:
+    """Look a datasheet profile up by name (``"a100"``, ``"h100-sxm"``, ...)."""
+    try:
+        return PROFILES[name.lower()]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown device profile {name!r}; known: {known}") from None
+
+
+def roofline_time_s(
+    profile: DeviceProfile, flops: float, bytes_moved: float, dtype: str | None
+) -> float:
+    """Roofline estimate: an op is bound by compute or by memory traffic, whichever is slower."""
+    return max(
+        flops / profile.flops_per_s(dtype), bytes_moved / profile.memory_bandwidth_bytes_per_s
+    )

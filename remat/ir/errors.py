@@ -1,0 +1,34 @@
+"""The exception hierarchy shared by every part of remat.
+
+Core code raises these; the service maps them to HTTP status codes and the CLI to exit codes.
+"""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Base class of every error remat raises on purpose."""
+
+
+class GraphValidationError(RematError, ValueError):
+    """A graph is malformed; the message names the offending node or value id (or field)."""
+
+
+class InvalidPlanError(RematError, ValueError):
+    """A plan cannot run on its graph; the message names the step index and the id at fault."""
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class InfeasibleBudgetError(RematError, ValueError):
+    """No schedule fits the budget. ``min_budget_bytes`` is the smallest budget found to work."""
+
+    def __init__(self, message: str, *, min_budget_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.min_budget_bytes = min_budget_bytes
+
+
+class SolverUnavailableError(RematError, LookupError):
+    """The named solver is not registered, or its backend (e.g. HiGHS) is not installed."""

@@ -1,0 +1,440 @@
+"""The graph of one training step: values (tensor storages) and nodes (operations).
+
+A :class:`Graph` is one forward + loss + backward step as a DAG. It is validated exactly once,
+when it is built or parsed; every other part of remat may then rely on its invariants:
+
+* node ids are unique, value ids are unique;
+* every id a node, value or ``required`` names exists;
+* every value has at most one producer, and ``nodes`` is a topological order (no cycles);
+* sizes, times, FLOP counts and workspaces are finite and non-negative;
+* inputs and parameters are produced by no node; activations, gradients and the loss are
+  produced by exactly one.
+
+Memory accounting rules (the simulator, every solver and the executors share them):
+
+* Parameters and buffers live in ``static_bytes`` and are always on the device.
+* A *required* value of kind ``gradient`` is a parameter gradient: it is written into the
+  parameter's ``.grad`` buffer, whose bytes are part of ``static_bytes`` as well.
+* Everything else is dynamic: inputs are on the device when the step starts (the caller holds
+  them); activations, non-parameter gradients and the loss occupy memory from the step that
+  computes them until the step that frees or offloads them.
+* Memory is counted by storage: a view is never a value of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+
+from remat.ir.errors import GraphValidationError
+
+SCHEMA_VERSION = 1
+
+ValueKind = Literal["input", "param", "buffer", "activation", "gradient", "loss"]
+Phase = Literal["forward", "backward"]
+
+LEAF_KINDS: frozenset[str] = frozenset({"input", "param"})
+STATIC_KINDS: frozenset[str] = frozenset({"param", "buffer"})
+
+# Used when a graph carries no device profile: a PCIe 4.0 x16 link as measured in practice.
+DEFAULT_HOST_BANDWIDTH_BYTES_PER_S = 25e9
+
+
+class DeviceProfile(BaseModel):
+    """The cost profile a graph's times were made for (a roofline of one accelerator).
+
+    Attributes
+    ----------
+    name
+        e.g. ``"h100-sxm"`` or ``"cpu-local"``.
+    peak_flops_per_s
+        Peak dense FLOP/s per dtype name (``"float32"``, ``"bfloat16"``, ...).
+    memory_bandwidth_bytes_per_s
+        Device memory bandwidth.
+    host_bandwidth_bytes_per_s
+        One-direction bandwidth of the host link, used for offload and prefetch.
+    memory_bytes
+        Device memory capacity, when known.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    peak_flops_per_s: dict[str, float]
+    memory_bandwidth_bytes_per_s: float
+    host_bandwidth_bytes_per_s: float
+    memory_bytes: int | None = None
+
+    def flops_per_s(self, dtype: str | None) -> float:
+        """Peak FLOP/s for ``dtype``, falling back to float32, then to the slowest listed."""
+        if dtype is not None and dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        if "float32" in self.peak_flops_per_s:
+            return self.peak_flops_per_s["float32"]
+        return min(self.peak_flops_per_s.values())
+
+
+class Value(BaseModel):
+    """One tensor storage.
+
+    ``producer`` may be omitted: it is derived from the node that lists the value as an output.
+    When given it must agree with that node.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    size_bytes: int
+    kind: ValueKind = "activation"
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    producer: str | None = None
+
+
+class Node(BaseModel):
+    """One operation of the step.
+
+    ``inputs`` and ``outputs`` are value ids. ``time_s`` is the node's cost on the graph's
+    device, ``workspace_bytes`` scratch memory alive only while it runs. ``recomputable`` is
+    false for ops with side effects (they run exactly once); ``rng`` is true for ops that draw
+    random numbers (a recomputation must replay the same numbers).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    name: str = ""
+    op: str = ""
+    phase: Phase = "forward"
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    time_s: float = 0.0
+    flops: int = 0
+    workspace_bytes: int = 0
+    recomputable: bool = True
+    module: str = ""
+    rng: bool = False
+
+
+class Graph(BaseModel):
+    """One training step as a validated DAG. Build with ``Graph(...)``, :meth:`from_json` or
+    :meth:`from_dict`; each raises :class:`GraphValidationError` naming the offending id.
+
+    Examples
+    --------
+    >>> g = Graph(
+    ...     values=[Value(id="x", size_bytes=4, kind="input"),
+    ...             Value(id="loss", size_bytes=4, kind="loss")],
+    ...     nodes=[Node(id="f", inputs=("x",), outputs=("loss",), time_s=1.0)],
+    ...     required=["loss"],
+    ... )
+    >>> g.producer_of("loss").id
+    'f'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    name: str = ""
+    nodes: tuple[Node, ...] = ()
+    values: tuple[Value, ...] = ()
+    required: tuple[str, ...] = ()
+    static_bytes: int = 0
+    device: DeviceProfile | None = None
+
+    _node_index: dict[str, int] = PrivateAttr(default_factory=dict)
+    _value_index: dict[str, int] = PrivateAttr(default_factory=dict)
+    _producer: dict[str, int] = PrivateAttr(default_factory=dict)
+    _consumers: dict[str, list[int]] = PrivateAttr(default_factory=dict)
+    _required_set: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _as_graph_error(exc) from None
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        """Parse the JSON form; malformed input raises :class:`GraphValidationError`."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise _as_graph_error(exc) from None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Graph:
+        """Validate a parsed JSON object; malformed input raises :class:`GraphValidationError`."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _as_graph_error(exc) from None
+
+    def model_post_init(self, context: Any, /) -> None:
+        _validate(self)
+
+    # -- serialisation ------------------------------------------------------------------------
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent, exclude_defaults=False)
+
+    def canonical_json(self) -> str:
+        """Key-sorted compact JSON: equal graphs give equal text (used for content hashing)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        """sha256 of :meth:`canonical_json`, hex."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_values(self) -> int:
+        return len(self.values)
+
+    def node(self, node_id: str) -> Node:
+        try:
+            return self.nodes[self._node_index[node_id]]
+        except KeyError:
+            raise KeyError(f"unknown node id {node_id!r}") from None
+
+    def value(self, value_id: str) -> Value:
+        try:
+            return self.values[self._value_index[value_id]]
+        except KeyError:
+            raise KeyError(f"unknown value id {value_id!r}") from None
+
+    def has_node(self, node_id: str) -> bool:
+        return node_id in self._node_index
+
+    def has_value(self, value_id: str) -> bool:
+        return value_id in self._value_index
+
+    def node_position(self, node_id: str) -> int:
+        """Index of the node in :attr:`nodes` (its place in the unmodified step)."""
+        return self._node_index[node_id]
+
+    def producer_of(self, value_id: str) -> Node | None:
+        i = self._producer.get(value_id)
+        return None if i is None else self.nodes[i]
+
+    def producer_position(self, value_id: str) -> int | None:
+        return self._producer.get(value_id)
+
+    def consumers_of(self, value_id: str) -> list[Node]:
+        """Nodes that read the value, in graph order."""
+        return [self.nodes[i] for i in self._consumers.get(value_id, ())]
+
+    def consumer_positions(self, value_id: str) -> list[int]:
+        return list(self._consumers.get(value_id, ()))
+
+    def is_required(self, value_id: str) -> bool:
+        return value_id in self._required_set
+
+    def is_static(self, value_id: str) -> bool:
+        """True for values whose bytes are part of ``static_bytes`` (see the module docstring)."""
+        v = self.value(value_id)
+        return v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in self._required_set)
+
+    @property
+    def forward_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.phase == "forward"]
+
+    @property
+    def backward_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.phase == "backward"]
+
+    @property
+    def input_bytes(self) -> int:
+        """Dynamic bytes on the device before the first step: the inputs the caller holds."""
+        return sum(v.size_bytes for v in self.values if v.kind == "input")
+
+    @property
+    def host_bandwidth_bytes_per_s(self) -> float:
+        if self.device is None:
+            return DEFAULT_HOST_BANDWIDTH_BYTES_PER_S
+        return self.device.host_bandwidth_bytes_per_s
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and totals for people and for the service's graph summary."""
+        return {
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "num_values": self.num_values,
+            "num_forward_nodes": sum(1 for n in self.nodes if n.phase == "forward"),
+            "num_backward_nodes": sum(1 for n in self.nodes if n.phase == "backward"),
+            "static_bytes": self.static_bytes,
+            "input_bytes": self.input_bytes,
+            "activation_bytes": sum(v.size_bytes for v in self.values if v.kind == "activation"),
+            "compute_time_s": sum(n.time_s for n in self.nodes),
+            "flops": sum(n.flops for n in self.nodes),
+            "device": None if self.device is None else self.device.name,
+        }
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+def _bad_number(x: float) -> bool:
+    return x < 0 or math.isnan(x) or math.isinf(x)
+
+
+def _validate(g: Graph) -> None:
+    node_index: dict[str, int] = {}
+    for i, n in enumerate(g.nodes):
+        if n.id in node_index:
+            raise GraphValidationError(f"duplicate node id {n.id!r}")
+        node_index[n.id] = i
+        if _bad_number(n.time_s):
+            raise GraphValidationError(
+                f"node {n.id!r}: time_s must be finite and >= 0, got {n.time_s}"
+            )
+        if n.flops < 0:
+            raise GraphValidationError(f"node {n.id!r}: flops must be >= 0, got {n.flops}")
+        if n.workspace_bytes < 0:
+            raise GraphValidationError(
+                f"node {n.id!r}: workspace_bytes must be >= 0, got {n.workspace_bytes}"
+            )
+        if len(set(n.outputs)) != len(n.outputs):
+            raise GraphValidationError(f"node {n.id!r} lists an output twice")
+
+    value_index: dict[str, int] = {}
+    for i, v in enumerate(g.values):
+        if v.id in value_index:
+            raise GraphValidationError(f"duplicate value id {v.id!r}")
+        value_index[v.id] = i
+        if v.size_bytes < 0:
+            raise GraphValidationError(
+                f"value {v.id!r}: size_bytes must be >= 0, got {v.size_bytes}"
+            )
+
+    if g.static_bytes < 0:
+        raise GraphValidationError(f"static_bytes must be >= 0, got {g.static_bytes}")
+
+    producer: dict[str, int] = {}
+    for i, n in enumerate(g.nodes):
+        for o in n.outputs:
+            if o not in value_index:
+                raise GraphValidationError(f"node {n.id!r} outputs unknown value {o!r}")
+            if o in producer:
+                first = g.nodes[producer[o]].id
+                raise GraphValidationError(
+                    f"value {o!r} has two producers: nodes {first!r} and {n.id!r}"
+                )
+            producer[o] = i
+
+    for v in g.values:
+        if v.producer is not None:
+            if v.producer not in node_index:
+                raise GraphValidationError(
+                    f"value {v.id!r} names unknown producer node {v.producer!r}"
+                )
+            if producer.get(v.id) != node_index[v.producer]:
+                actual = producer.get(v.id)
+                other = "no node" if actual is None else f"node {g.nodes[actual].id!r}"
+                raise GraphValidationError(
+                    f"value {v.id!r} names producer {v.producer!r} but {other} outputs it"
+                )
+
+    required_set = frozenset(g.required)
+    for r in g.required:
+        if r not in value_index:
+            raise GraphValidationError(f"required value {r!r} is unknown")
+        kind = g.values[value_index[r]].kind
+        if r not in producer and kind not in LEAF_KINDS and kind != "buffer":
+            raise GraphValidationError(f"required value {r!r} is produced by no node")
+
+    for v in g.values:
+        if v.kind in LEAF_KINDS and v.id in producer:
+            raise GraphValidationError(
+                f"value {v.id!r} of kind {v.kind} is produced by node "
+                f"{g.nodes[producer[v.id]].id!r}"
+            )
+        if v.kind not in LEAF_KINDS and v.kind != "buffer" and v.id not in producer:
+            raise GraphValidationError(f"value {v.id!r} of kind {v.kind} is produced by no node")
+
+    consumers: dict[str, list[int]] = {}
+    out_of_order: tuple[int, str] | None = None
+    for i, n in enumerate(g.nodes):
+        for x in n.inputs:
+            if x not in value_index:
+                raise GraphValidationError(f"node {n.id!r} reads unknown value {x!r}")
+            p = producer.get(x)
+            if p is not None and p >= i and out_of_order is None:
+                out_of_order = (i, x)
+            lst = consumers.setdefault(x, [])
+            if not lst or lst[-1] != i:
+                lst.append(i)
+
+    if out_of_order is not None:
+        cycle = _find_cycle(g, producer)
+        if cycle is not None:
+            raise GraphValidationError("cycle through nodes " + " -> ".join(repr(c) for c in cycle))
+        i, x = out_of_order
+        raise GraphValidationError(
+            f"node {g.nodes[i].id!r} reads value {x!r} before its producer "
+            f"{g.nodes[producer[x]].id!r} runs: nodes must be listed in a topological order"
+        )
+
+    g._node_index = node_index
+    g._value_index = value_index
+    g._producer = producer
+    g._consumers = consumers
+    g._required_set = required_set
+
+
+def _find_cycle(g: Graph, producer: Mapping[str, int]) -> list[str] | None:
+    """Return node ids along one cycle (first repeated at the end), or None."""
+    succ: list[list[int]] = [[] for _ in g.nodes]
+    for i, n in enumerate(g.nodes):
+        for x in n.inputs:
+            p = producer.get(x)
+            if p is not None:
+                succ[p].append(i)
+    state = [0] * len(g.nodes)  # 0 new, 1 on stack, 2 done
+    for root in range(len(g.nodes)):
+        if state[root]:
+            continue
+        stack: list[tuple[int, Iterator[int]]] = [(root, iter(succ[root]))]
+        path = [root]
+        state[root] = 1
+        while stack:
+            u, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+                state[u] = 2
+                continue
+            if state[nxt] == 1:
+                start = path.index(nxt)
+                return [g.nodes[k].id for k in [*path[start:], nxt]]
+            if state[nxt] == 0:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, iter(succ[nxt])))
+    return None
+
+
+def _as_graph_error(exc: ValidationError) -> GraphValidationError:
+    """Turn pydantic's error into ours: unwrap our own, or name the field that failed."""
+    for err in exc.errors():
+        ctx = err.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, GraphValidationError):
+            return inner
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "graph"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return GraphValidationError(f"{loc}: {err['msg']}{more}")

@@ -1,0 +1,179 @@
+"""Plans every part of remat needs: the eager schedule, and a schedule from a set of kept values.
+
+``eager_plan`` is what PyTorch does without remat: every node once, in graph order, each value
+freed right after its last use. ``keep_plan`` is checkpointing in its general form (Chen et al.
+2016 on a DAG): the forward pass keeps only the values in ``keep`` (and what later forward
+nodes still read), and the backward pass recomputes a dropped value, from the nearest values
+still on the device, the first time a backward node needs it; a recomputed value then lives
+until its last backward use. The baselines and the chain solvers' expansions build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from remat.ir.errors import InvalidPlanError
+from remat.ir.graph import Graph
+from remat.ir.plan import Plan, Step
+
+
+def eager_plan(graph: Graph) -> Plan:
+    """Every node once in graph order; each dynamic value freed right after its last reader.
+
+    A value nobody reads (and that is not required) is freed right after it is computed.
+    Inputs, static values and required values are never freed.
+    """
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            last_use[x] = i
+    frees_after: dict[int, list[str]] = {}
+    for v in graph.values:
+        if not _freeable(graph, v.id):
+            continue
+        p = graph.producer_position(v.id)
+        if p is None:
+            continue
+        at = max(p, last_use.get(v.id, p))
+        frees_after.setdefault(at, []).append(v.id)
+    steps: list[Step] = []
+    for i, n in enumerate(graph.nodes):
+        steps.append(Step(op="compute", id=n.id))
+        steps.extend(Step(op="free", id=f) for f in frees_after.get(i, ()))
+    return Plan(steps=tuple(steps))
+
+
+def _freeable(graph: Graph, value_id: str) -> bool:
+    v = graph.value(value_id)
+    return v.kind != "input" and not graph.is_static(value_id) and not graph.is_required(value_id)
+
+
+def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
+    """Checkpointing from a keep set: drop forward values not in ``keep``, recompute on demand.
+
+    Parameters
+    ----------
+    graph
+        The step.
+    keep
+        Forward values to keep from their computation until their last backward use. Outputs
+        of non-recomputable nodes are always kept. Passing every forward value gives the
+        eager plan.
+
+    Raises
+    ------
+    InvalidPlanError
+        When a dropped value cannot be recomputed (a backward node reads a value whose producer
+        is not a forward node).
+    """
+    nodes = graph.nodes
+    keep_set = set(keep)
+    for n in nodes:
+        if not n.recomputable:
+            keep_set.update(n.outputs)
+
+    fwd_last: dict[str, int] = {}  # last forward reader
+    bwd_readers: dict[str, list[int]] = {}  # backward readers, ascending
+    for i, n in enumerate(nodes):
+        for x in n.inputs:
+            if n.phase == "forward":
+                fwd_last[x] = i
+            else:
+                lst = bwd_readers.setdefault(x, [])
+                if not lst or lst[-1] != i:
+                    lst.append(i)
+
+    def last_bwd(v: str) -> int:
+        lst = bwd_readers.get(v)
+        return lst[-1] if lst else -1
+
+    steps: list[Step] = []
+    resident: set[str] = set()  # freeable values on the device
+
+    def free(v: str) -> None:
+        resident.discard(v)
+        steps.append(Step(op="free", id=v))
+
+    def needed_later(v: str, pos: int) -> bool:
+        """Read directly by a node after position ``pos`` (in the unmodified order)."""
+        return graph.is_required(v) or fwd_last.get(v, -1) > pos or last_bwd(v) > pos
+
+    for i, n in enumerate(nodes):
+        if n.phase == "forward":
+            steps.append(Step(op="compute", id=n.id))
+            resident.update(o for o in n.outputs if _freeable(graph, o))
+            for v in (*n.inputs, *n.outputs):
+                if v not in resident:
+                    continue
+                if fwd_last.get(v, -1) > i or graph.is_required(v):
+                    continue
+                if v in keep_set and last_bwd(v) > i:
+                    continue
+                free(v)
+            continue
+
+        # Backward node: bring back what it reads, then run it.
+        missing = [x for x in n.inputs if _needs_recompute(graph, x, resident)]
+        if missing:
+            _recompute(graph, missing, resident, steps, i, needed_later)
+        steps.append(Step(op="compute", id=n.id))
+        resident.update(o for o in n.outputs if _freeable(graph, o))
+        for v in (*n.inputs, *n.outputs):
+            if v in resident and not needed_later(v, i):
+                free(v)
+    return Plan(steps=tuple(steps))
+
+
+def _needs_recompute(graph: Graph, v: str, resident: set[str]) -> bool:
+    return v not in resident and _freeable(graph, v)
+
+
+def _recompute(
+    graph: Graph,
+    missing: list[str],
+    resident: set[str],
+    steps: list[Step],
+    pos: int,
+    needed_later: Callable[[str, int], bool],
+) -> None:
+    """Recompute ``missing`` values from what is resident, in graph order, freeing as it goes."""
+    todo: set[int] = set()
+    stack = list(missing)
+    while stack:
+        v = stack.pop()
+        p = graph.producer_position(v)
+        if p is None:
+            raise InvalidPlanError(f"value {v!r} is needed but has no producer to recompute it")
+        node = graph.nodes[p]
+        if node.phase != "forward" or not node.recomputable:
+            raise InvalidPlanError(
+                f"value {v!r} was dropped but its producer {node.id!r} cannot be recomputed"
+            )
+        if p in todo:
+            continue
+        todo.add(p)
+        stack.extend(x for x in node.inputs if _needs_recompute(graph, x, resident))
+    order = sorted(todo)
+    # Remaining reads of each value inside this batch.
+    batch_reads: dict[str, int] = {}
+    for p in order:
+        for x in graph.nodes[p].inputs:
+            batch_reads[x] = batch_reads.get(x, 0) + 1
+    for p in order:
+        node = graph.nodes[p]
+        steps.append(Step(op="compute", id=node.id))
+        for o in node.outputs:
+            if _freeable(graph, o):
+                resident.add(o)
+        for x in node.inputs:
+            batch_reads[x] -= 1
+        for v in (*node.inputs, *node.outputs):
+            if v not in resident:
+                continue
+            if batch_reads.get(v, 0) > 0:
+                continue
+            # Still wanted by the backward node about to run (pos) or a later one?
+            if needed_later(v, pos - 1):
+                continue
+            resident.discard(v)
+            steps.append(Step(op="free", id=v))

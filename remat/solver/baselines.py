@@ -1,0 +1,138 @@
+"""Baseline schedules: what users get without remat, or by hand.
+
+* ``none``: no recomputation, every value freed after its last use (eager PyTorch).
+* ``checkpoint-all``: keep only the inputs of the model's blocks, recompute each block once in
+  the backward pass (``torch.utils.checkpoint`` around every block).
+* ``sqrt``: Chen et al.'s sqrt(n) segmentation: a checkpoint every ceil(sqrt(n)) blocks.
+* ``chen-greedy``: Chen et al.'s budget-driven greedy: walk the forward pass, checkpoint at a
+  block boundary once the activations since the last checkpoint exceed a threshold ``b``, and
+  sweep ``b`` for the fastest plan within the budget.
+
+References
+----------
+T. Chen, B. Xu, C. Zhang, C. Guestrin. "Training Deep Nets with Sublinear Memory Cost."
+arXiv:1604.06174, 2016.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from remat.ir import Graph, Plan, block_cuts, eager_plan, keep_plan
+from remat.ir.cuts import Cut, articulation_cuts
+from remat.solver.base import SolveResult, best_of, register, result_from_plan
+
+
+def _keep_from(cuts: list[Cut]) -> set[str]:
+    return {v for c in cuts for v in c.values}
+
+
+@register(
+    "none", kind="baseline", summary="No recomputation: eager PyTorch, values freed after last use"
+)
+def solve_none(
+    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
+) -> SolveResult:
+    """No recomputation: every node once in order, each value freed after its last use."""
+    t0 = time.perf_counter()
+    return result_from_plan(graph, budget_bytes, eager_plan(graph), solver="none", started=t0)
+
+
+@register(
+    "checkpoint-all", kind="baseline", summary="Keep block inputs only; recompute each block once"
+)
+def solve_checkpoint_all(
+    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
+) -> SolveResult:
+    """Keep each block's inputs only; recompute every block once during the backward pass."""
+    t0 = time.perf_counter()
+    plan = keep_plan(graph, _keep_from(block_cuts(graph)))
+    return result_from_plan(graph, budget_bytes, plan, solver="checkpoint-all", started=t0)
+
+
+@register("sqrt", kind="baseline", summary="Chen et al. 2016: a checkpoint every sqrt(n) blocks")
+def solve_sqrt(
+    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
+) -> SolveResult:
+    """Chen et al. (2016) sqrt(n) checkpointing: segments of ceil(sqrt(n)) blocks.
+
+    References
+    ----------
+    T. Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174, 2016.
+    """
+    t0 = time.perf_counter()
+    cuts = block_cuts(graph)
+    k = max(1, math.ceil(math.sqrt(len(cuts) + 1)))
+    chosen = [c for i, c in enumerate(cuts) if (i + 1) % k == 0]
+    plan = keep_plan(graph, _keep_from(chosen))
+    return result_from_plan(graph, budget_bytes, plan, solver="sqrt", started=t0)
+
+
+def greedy_cuts(graph: Graph, threshold_bytes: int, candidates: list[Cut]) -> list[Cut]:
+    """Chen et al.'s Algorithm 2: checkpoint at the first candidate cut after the saved bytes
+    accumulated since the last checkpoint exceed ``threshold_bytes``."""
+    saved_after: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        if n.phase != "forward":
+            continue
+        saved_after[i] = sum(
+            graph.value(o).size_bytes
+            for o in n.outputs
+            if not graph.is_static(o) and any(c.phase == "backward" for c in graph.consumers_of(o))
+        )
+    by_pos = {c.position: c for c in candidates}
+    chosen: list[Cut] = []
+    acc = 0
+    for i in sorted(saved_after):
+        acc += saved_after[i]
+        if acc > threshold_bytes and i in by_pos:
+            chosen.append(by_pos[i])
+            acc = 0
+    return chosen
+
+
+@register("chen-greedy", kind="baseline", summary="Chen et al. 2016: budget-driven greedy segments")
+def solve_chen_greedy(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit_s: float | None = None,
+    num_thresholds: int = 24,
+) -> SolveResult:
+    """Chen et al. (2016) greedy checkpointing, with the threshold swept for the budget.
+
+    For each threshold ``b`` in a geometric sweep between the smallest and the total saved
+    bytes, checkpoint greedily (:func:`greedy_cuts`) and simulate; return the fastest plan
+    within the budget, or the one with the smallest peak (``infeasible``).
+
+    Parameters
+    ----------
+    num_thresholds
+        Number of thresholds swept (more finds a better plan, each costs one simulation).
+
+    References
+    ----------
+    T. Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174, 2016.
+    """
+    if num_thresholds < 1:
+        raise ValueError(f"num_thresholds must be >= 1, got {num_thresholds}")
+    t0 = time.perf_counter()
+    by_pos = {c.position: c for c in (*block_cuts(graph), *articulation_cuts(graph))}
+    candidates = [by_pos[p] for p in sorted(by_pos)]
+    total = sum(v.size_bytes for v in graph.values if v.kind == "activation") or 1
+    lo = max(1, min((c.size_bytes for c in candidates), default=1))
+    plans: list[Plan] = [eager_plan(graph)]  # an infinite threshold: no checkpoint at all
+    seen: set[tuple[int, ...]] = set()
+    for k in range(num_thresholds):
+        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s and plans:
+            break
+        b = lo * (total / lo) ** (k / max(1, num_thresholds - 1))
+        chosen = greedy_cuts(graph, int(b), candidates)
+        key = tuple(c.position for c in chosen)
+        if key in seen:
+            continue
+        seen.add(key)
+        plans.append(keep_plan(graph, _keep_from(chosen)))
+    result = best_of(graph, budget_bytes, plans, solver="chen-greedy", started=t0)
+    return result.model_copy(update={"solve_time_s": time.perf_counter() - t0})
