@@ -6,7 +6,9 @@ Model
   inputs' sizes (the caller holds them; a plan may neither free nor offload an input). A
   ``compute`` allocates each output that is not already on the device plus the node's workspace;
   the workspace is released when the node ends. ``free`` releases at once. ``offload`` releases
-  the device bytes when its copy completes; ``prefetch`` allocates at once.
+  the device bytes when its copy completes; ``prefetch`` allocates at once (a prefetch of a value
+  whose offload is still in flight waits for it on the copy stream: the old copy is released
+  first).
 * Time. Two streams. The compute stream runs ``compute`` steps in plan order, each for the
   node's ``time_s``, and waits (a *stall*) for prefetches of the values it reads. The copy stream
   runs offloads and prefetches in plan order, each taking ``size_bytes / host_bandwidth``; an
@@ -211,8 +213,13 @@ def simulate(
             release_until(t_c)
             if sid not in host_ready:
                 raise fail(i, f"prefetches value {sid!r}, which was never offloaded")
-            if sid in state:
+            if state.get(sid) == _ON_DEVICE:
                 raise fail(i, f"prefetches value {sid!r}, which is still on the device")
+            if state.get(sid) == _OFFLOADING:
+                # The copy stream is in order: this prefetch starts after the offload has
+                # finished, so the old device copy is gone before the new one is filled.
+                del state[sid]
+                cur -= size[sid]
             dur = size[sid] / bw
             begin = max(t_copy, host_ready[sid])
             t_copy = begin + dur
@@ -230,6 +237,9 @@ def simulate(
             peak_step = i
 
     n = len(plan.steps)
+    for node in graph.nodes:
+        if not node.recomputable and not computed.get(node.id):
+            raise InvalidPlanError(f"side-effecting node {node.id!r} never ran", step=n)
     for r in graph.required:
         if r in static:
             p = graph.producer_of(r)
@@ -239,9 +249,6 @@ def simulate(
                 )
         elif r not in inputs and state.get(r) != _ON_DEVICE:
             raise InvalidPlanError(f"plan ends without required value {r!r} on the device", step=n)
-    for node in graph.nodes:
-        if not node.recomputable and not computed.get(node.id):
-            raise InvalidPlanError(f"side-effecting node {node.id!r} never ran", step=n)
     release_until(math.inf)
     total = max(t_c, t_copy)
     return Simulation(
