@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic._internal._model_construction import ModelMetaclass
 
 from remat.ir.errors import GraphValidationError
 
@@ -121,7 +122,21 @@ class Node(BaseModel):
     rng: bool = False
 
 
-class Graph(BaseModel):
+class _GraphMeta(ModelMetaclass):
+    """Makes ``Graph(...)`` raise :class:`GraphValidationError` like the parsers do.
+
+    (Overriding ``Graph.__init__`` instead would make pydantic validate every parsed graph
+    twice: it calls a custom ``__init__`` after ``model_validate_json``.)
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            raise _as_graph_error(exc) from None
+
+
+class Graph(BaseModel, metaclass=_GraphMeta):
     """One training step as a validated DAG. Build with ``Graph(...)``, :meth:`from_json` or
     :meth:`from_dict`; each raises :class:`GraphValidationError` naming the offending id.
 
@@ -152,12 +167,6 @@ class Graph(BaseModel):
     _producer: dict[str, int] = PrivateAttr(default_factory=dict)
     _consumers: dict[str, list[int]] = PrivateAttr(default_factory=dict)
     _required_set: frozenset[str] = PrivateAttr(default_factory=frozenset)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise _as_graph_error(exc) from None
 
     # -- construction -------------------------------------------------------------------------
 
