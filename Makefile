@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check remat tests examples benchmarks
+	$(VENV)/bin/ruff check $(wildcard remat tests examples benchmarks)
 	$(VENV)/bin/mypy $(TYPED)
 
 test: lint

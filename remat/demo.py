@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"static (params + grads): {format_bytes(graph.static_bytes)}")
     print(
         f"no-remat peak: {format_bytes(sim.peak_bytes)} "
-        f"(activations {format_bytes(sim.peak_dynamic_bytes)}), step {1e3 * sim.total_time_s:.1f} ms "
-        f"on {graph.device.name if graph.device else 'an unnamed device'}"
+        f"(activations {format_bytes(sim.peak_dynamic_bytes)}), "
+        f"step {1e3 * sim.total_time_s:.1f} ms on {graph.device.name if graph.device else '?'}"
     )
     print(f"budgets: static + {', '.join(f'{f:.0%}' for f in FRACTIONS)} of the activation peak")
     print()
