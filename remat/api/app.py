@@ -1,0 +1,78 @@
+"""The FastAPI application: :func:`create_app` wires settings, store, worker pool and routers."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from remat import __version__
+from remat.api import errors
+from remat.api.limits import BodyLimit
+from remat.api.pool import WorkerPool
+from remat.api.routes import frontier, graphs, health, jobs, solve, solvers
+from remat.api.service import Service
+from remat.api.settings import Settings
+from remat.api.store import open_store
+
+log = logging.getLogger("remat.api")
+
+DESCRIPTION = """\
+Post the graph of one training step, get back the cheapest keep/recompute/offload schedule that
+fits a device-memory budget. Graphs are the JSON form of `remat.ir.Graph`; results are
+`remat.solver.SolveResult`, whose figures are the simulator's.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service, with its store opened and its worker pool started at application start-up.
+
+    Parameters
+    ----------
+    settings
+        Limits, database URL, API keys, worker count (default: :meth:`Settings.from_env`).
+
+    Raises
+    ------
+    ValueError
+        When ``settings.db_url`` names no supported store, or a plugin cannot be imported.
+    """
+    settings = settings if settings is not None else Settings.from_env()
+    for name in settings.plugins:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"plugins: cannot import {name!r}: {exc}") from None
+    store = open_store(settings.db_url)
+    pool = WorkerPool(
+        settings.workers,
+        max_queue=settings.max_queue,
+        kill_grace_s=settings.kill_grace_s,
+        plugins=settings.plugins,
+    )
+    service = Service(settings, store, pool)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(
+        title="remat",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.service = service
+    errors.install(app)
+    for module in (graphs, solve, jobs, frontier, solvers, health):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

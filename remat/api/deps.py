@@ -1,0 +1,27 @@
+"""Dependencies shared by the routers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from remat.api.service import Service
+from remat.api.settings import Settings, get_settings
+
+
+def get_service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+# Error answers documented on the routes (the bodies follow remat.api.errors).
+ERRORS: dict[int | str, dict[str, str]] = {
+    401: {"description": "API key missing or invalid"},
+    413: {"description": "Body larger than max_body_bytes"},
+    422: {"description": "A field is invalid; `detail[].loc` names it"},
+    429: {"description": "Queue full (max_queue)"},
+}

@@ -1,0 +1,77 @@
+"""How the service answers problems: one JSON shape, the field or limit named, never a trace.
+
+``{"detail": "message"}`` for 401/404/409/413/429/5xx and ``{"detail": [{"loc": [...], "msg":
+..., "type": ...}]}`` for 422, the shape FastAPI uses for its own validation errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("remat.api")
+
+
+class ApiError(Exception):
+    """An answer other than success; ``detail`` is a message or a list of field errors."""
+
+    def __init__(
+        self,
+        status_code: int,
+        detail: str | list[dict[str, Any]],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail if isinstance(detail, str) else str(detail))
+        self.status_code = status_code
+        self.detail = detail
+        self.headers = headers
+
+
+def field_error(loc: Sequence[str | int], msg: str, type_: str = "value_error") -> ApiError:
+    """A 422 naming one field (``loc`` is its path, starting with ``"body"`` or ``"path"``)."""
+    return ApiError(422, [{"loc": list(loc), "msg": msg, "type": type_}])
+
+
+def _clean(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    # FastAPI echoes the offending input, which may be a whole graph: keep loc, msg and type.
+    return [
+        {
+            "loc": list(e.get("loc", ())),
+            "msg": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
+        for e in errors
+    ]
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every error the shapes above."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _clean(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500
+        )

@@ -1,0 +1,1 @@
+"""One router per resource: graphs, solve, jobs, frontier, solvers, health."""

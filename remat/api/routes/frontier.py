@@ -1,0 +1,42 @@
+"""``/v1/frontier``: the budget/time trade-off curve of a graph."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+
+from remat.api.auth import Owner
+from remat.api.deps import ERRORS, ServiceDep, SettingsDep
+from remat.api.routes.solve import wrap
+from remat.api.schemas import FrontierRequest, FrontierResponse, JobResponse
+from remat.api.service import job_response
+
+router = APIRouter(prefix="/v1", tags=["frontier"], responses=ERRORS)
+
+
+@router.post(
+    "/frontier",
+    response_model=FrontierResponse,
+    responses={
+        202: {"model": JobResponse, "description": "Total time limit above the cap: a job"},
+        404: {"description": "Unknown graph_id"},
+    },
+)
+async def frontier(
+    req: FrontierRequest, owner: Owner, service: ServiceDep, settings: SettingsDep
+) -> Response:
+    """Solve at each budget (default: 100% down to 10% of the no-remat peak) and return the
+    simulator's peak and time for each. ``time_limit_s`` is per budget; when the total exceeds
+    ``sync_time_limit_s`` the answer is 202 with a job."""
+    gid, key, task, total = await service.prepare_frontier(owner, req, settings)
+    hit = await service.cached(key)
+    if hit is not None:
+        return wrap(gid, key, True, hit)
+    if total > settings.sync_time_limit_s:
+        rec = await service.submit(owner, "frontier", gid, key, task, total)
+        return JSONResponse(
+            job_response(rec).model_dump(mode="json"),
+            status_code=202,
+            headers={"Location": f"/v1/jobs/{rec.id}"},
+        )
+    return wrap(gid, key, False, await service.run_now(task, key, total))

@@ -1,0 +1,41 @@
+"""``/v1/graphs``: store a graph by content hash, read its summary."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+
+from remat.api.auth import Owner
+from remat.api.deps import ERRORS, ServiceDep, SettingsDep
+from remat.api.schemas import GraphId, GraphSummary
+from remat.ir import Graph
+
+router = APIRouter(prefix="/v1/graphs", tags=["graphs"], responses=ERRORS)
+
+
+@router.post("", response_model=GraphSummary, status_code=201)
+async def create_graph(
+    graph: Graph, owner: Owner, service: ServiceDep, settings: SettingsDep, response: Response
+) -> GraphSummary:
+    """Store a graph under the sha256 of its canonical JSON; posting it again returns the same
+    id (status 200 instead of 201)."""
+    gid, summary, created = await service.put_graph(owner, graph, settings)
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/graphs/{gid}"
+    return GraphSummary(id=gid, created=created, **summary)
+
+
+@router.get(
+    "/{graph_id}", response_model=GraphSummary, responses={404: {"description": "No such graph"}}
+)
+async def read_graph(
+    graph_id: Annotated[str, Path(max_length=200)], owner: Owner, service: ServiceDep
+) -> GraphSummary:
+    """The summary of a stored graph: nodes, values, static bytes, no-remat peak."""
+    summary = await service.graph_summary(owner, graph_id)
+    return GraphSummary(id=graph_id, **summary)
+
+
+__all__ = ["GraphId", "router"]

@@ -1,0 +1,53 @@
+"""``/v1/jobs``: submit a solve to run in the background, poll it, list, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from remat.api.auth import Owner
+from remat.api.deps import ERRORS, ServiceDep, SettingsDep
+from remat.api.schemas import JobList, JobResponse, SolveRequest
+from remat.api.service import job_response
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
+
+JobId = Annotated[str, Path(max_length=200)]
+NOT_FOUND: dict[int | str, dict[str, str]] = {404: {"description": "No such job (for this key)"}}
+
+
+@router.post("", response_model=JobResponse, status_code=202, responses=NOT_FOUND)
+async def create_job(
+    req: SolveRequest, owner: Owner, service: ServiceDep, settings: SettingsDep, response: Response
+) -> JobResponse:
+    """Accept a solve as a job whatever its time limit; poll ``GET /v1/jobs/{id}``."""
+    gid, key, task, t = await service.prepare_solve(owner, req, settings)
+    rec = await service.submit(owner, "solve", gid, key, task, t)
+    response.headers["Location"] = f"/v1/jobs/{rec.id}"
+    return job_response(rec)
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    owner: Owner, service: ServiceDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> JobList:
+    """The caller's jobs, newest first (without results; fetch one job for its result)."""
+    return JobList(jobs=[job_response(r, full=False) for r in await service.jobs(owner, limit)])
+
+
+@router.get("/{job_id}", response_model=JobResponse, responses=NOT_FOUND)
+async def read_job(job_id: JobId, owner: Owner, service: ServiceDep) -> JobResponse:
+    """Status; while running, the best plan so far with its bound and gap; when done, the
+    result; when failed, the reason."""
+    return job_response(await service.job(owner, job_id))
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=JobResponse,
+    responses={**NOT_FOUND, 409: {"description": "The job has already finished"}},
+)
+async def cancel_job(job_id: JobId, owner: Owner, service: ServiceDep) -> JobResponse:
+    """Cancel a queued or running job (a running solve's worker is stopped)."""
+    return job_response(await service.cancel(owner, job_id))

@@ -1,0 +1,455 @@
+"""The service's work behind the routes: graphs, cached results, synchronous solves and jobs.
+
+Routes validate the body and call one method here; everything that touches the disk runs in a
+thread and everything that solves runs in the worker pool, so the event loop only waits.
+
+Jobs: a job is written to the store before it is answered (202), and its state moves
+queued -> running -> done | failed | cancelled in the store. At start-up, jobs left queued or
+running by a previous process are re-run, unless one was already started ``job_max_attempts``
+times (it may be what brought the server down): that one is marked failed with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import time
+import uuid
+from typing import Any
+
+from remat import solver as solvers
+from remat.api.errors import ApiError, field_error
+from remat.api.pool import QueueFull, WorkerCrashed, WorkerPool, WorkerTimeout
+from remat.api.schemas import (
+    MAX_BYTES,
+    FrontierRequest,
+    GraphRef,
+    JobResponse,
+    SolveRequest,
+    check_magnitudes,
+)
+from remat.api.settings import Settings
+from remat.api.store import UNFINISHED, JobKind, JobRecord, Store
+from remat.api.tasks import DEFAULT_FRONTIER
+from remat.ir import Graph, RematError, eager_plan, parse_bytes, simulate
+
+log = logging.getLogger("remat.api")
+
+
+def graph_summary(graph: Graph) -> dict[str, Any]:
+    """The stored summary of a graph, with the no-remat (eager) peak."""
+    s = graph.summary()
+    s["no_remat_peak_bytes"] = simulate(graph, eager_plan(graph)).peak_bytes
+    return s
+
+
+def normalize_budget(spec: int | float | str, loc: list[str | int]) -> int | str:
+    """Bytes for absolute budgets, ``"frac:X"`` for fractions (resolved later, with the graph).
+
+    Checks what can be checked without the graph, so a bad budget never reaches a worker.
+    """
+    frac: float | None = None
+    if isinstance(spec, float):
+        frac = spec
+    elif isinstance(spec, str) and spec.strip().endswith("%"):
+        try:
+            frac = float(spec.strip()[:-1]) / 100
+        except ValueError:
+            raise field_error(loc, f"budget: not a percentage: {spec!r}") from None
+    if frac is not None:
+        if not (math.isfinite(frac) and 0 < frac <= 1):
+            raise field_error(loc, f"budget: a fraction must be in (0, 1], got {spec!r}")
+        return f"frac:{frac!r}"
+    try:
+        n = parse_bytes(spec)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise field_error(loc, f"budget: {exc}") from None
+    if n > MAX_BYTES:
+        raise field_error(loc, f"budget: {n} bytes exceeds the largest budget ({MAX_BYTES})")
+    return n
+
+
+class Service:
+    """Graphs, results and jobs over one store and one worker pool."""
+
+    def __init__(self, settings: Settings, store: Store, pool: WorkerPool) -> None:
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        self._jobs: dict[str, asyncio.Task[None]] = {}
+        self._cancelling: set[str] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.pool.start()
+        await self.recover()
+
+    async def close(self) -> None:
+        tasks = list(self._jobs.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.pool.close()
+        self.store.close()
+
+    async def recover(self) -> None:
+        """Take care of jobs a previous process left queued or running."""
+        limit = self.settings.job_max_attempts
+        for rec in await asyncio.to_thread(self.store.unfinished_jobs):
+            if rec.status == "running" and rec.attempts >= limit:
+                await asyncio.to_thread(
+                    self.store.update_job,
+                    rec.id,
+                    status="failed",
+                    error=(
+                        f"interrupted by a server restart while running (attempt {rec.attempts}"
+                        f" of job_max_attempts={limit}); not run again"
+                    ),
+                    only_if=UNFINISHED,
+                )
+                continue
+            await asyncio.to_thread(
+                self.store.update_job,
+                rec.id,
+                status="queued",
+                message=f"re-queued after a server restart (was {rec.status})",
+            )
+            self.pool.waiting += 1  # accepted jobs are never refused for the queue limit
+            self._spawn_job(rec.id)
+
+    # -- graphs --------------------------------------------------------------------------------
+
+    async def put_graph(
+        self, owner: str, graph: Graph, settings: Settings
+    ) -> tuple[str, dict[str, Any], bool]:
+        """Store ``graph`` for ``owner``: (id, summary, created)."""
+        self._check_graph(graph, settings, ["body"])
+        text = await asyncio.to_thread(graph.canonical_json)
+        gid = hashlib.sha256(text.encode()).hexdigest()
+        old = await asyncio.to_thread(self.store.graph_summary, owner, gid)
+        if old is not None:
+            summary: dict[str, Any] = json.loads(old)
+            return gid, summary, False
+        summary = await asyncio.to_thread(graph_summary, graph)
+        created = await asyncio.to_thread(
+            self.store.put_graph, owner, gid, text, json.dumps(summary)
+        )
+        return gid, summary, created
+
+    async def graph_summary(self, owner: str, graph_id: str) -> dict[str, Any]:
+        text = await asyncio.to_thread(self.store.graph_summary, owner, graph_id)
+        if text is None:
+            raise ApiError(404, f"graph_id {graph_id!r}: no such graph")
+        summary: dict[str, Any] = json.loads(text)
+        return summary
+
+    def _check_graph(self, graph: Graph, settings: Settings, loc: list[str | int]) -> None:
+        if graph.num_nodes > settings.max_nodes:
+            raise ApiError(
+                422,
+                [
+                    {
+                        "loc": [*loc, "graph", "nodes"],
+                        "msg": f"the graph has {graph.num_nodes} nodes, more than the limit "
+                        f"max_nodes={settings.max_nodes}",
+                        "type": "limit.max_nodes",
+                    }
+                ],
+            )
+        errs = check_magnitudes(graph)
+        if errs:
+            raise ApiError(422, [e.model_dump() for e in errs])
+
+    async def _graph_of(self, owner: str, ref: GraphRef, settings: Settings) -> tuple[str, str]:
+        """(graph id, canonical JSON) of an inline or stored graph; inline ones are stored."""
+        if ref.graph is not None:
+            gid, _, _ = await self.put_graph(owner, ref.graph, settings)
+        else:
+            assert ref.graph_id is not None
+            gid = ref.graph_id
+        text = await asyncio.to_thread(self.store.graph_json, owner, gid)
+        if text is None:
+            raise ApiError(
+                404,
+                [{"loc": ["body", "graph_id"], "msg": f"no graph {gid!r}", "type": "not_found"}],
+            )
+        return gid, text
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _solver(self, name: str | None, options: dict[str, Any]) -> str:
+        chosen = name or (
+            solvers.DEFAULT_SOLVER
+            if solvers.DEFAULT_SOLVER in solvers.available()
+            else "chen-greedy"
+        )
+        try:
+            si = solvers.info(chosen)
+        except RematError as exc:
+            raise field_error(["body", "solver"], str(exc), "unknown_solver") from None
+        for opt in options:
+            if opt not in si.options:
+                known = ", ".join(si.options) or "none"
+                raise field_error(
+                    ["body", "options", opt],
+                    f"solver {chosen!r} has no option {opt!r} (its options: {known})",
+                )
+        return chosen
+
+    def _time_limit(self, given: float | None, settings: Settings, default: float) -> float:
+        t = default if given is None else given
+        if t > settings.max_time_limit_s:
+            raise field_error(
+                ["body", "time_limit_s"],
+                f"time_limit_s={t:g} exceeds the limit max_time_limit_s="
+                f"{settings.max_time_limit_s:g}",
+                "limit.max_time_limit_s",
+            )
+        return t
+
+    @staticmethod
+    def _key(kind: str, graph_id: str, params: dict[str, Any]) -> str:
+        text = json.dumps({"kind": kind, "graph": graph_id, **params}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    async def prepare_solve(
+        self, owner: str, req: SolveRequest, settings: Settings
+    ) -> tuple[str, str, dict[str, Any], float]:
+        """Validate a solve request: (graph id, request key, task, time limit)."""
+        budget = normalize_budget(req.budget, ["body", "budget"])
+        name = self._solver(req.solver, req.options)
+        t = self._time_limit(req.time_limit_s, settings, settings.default_time_limit_s)
+        gid, text = await self._graph_of(owner, req, settings)
+        params = {"budget": budget, "solver": name, "time_limit_s": t, "options": req.options}
+        task = {"kind": "solve", **params, "budget": req.budget, "graph": text}
+        return gid, self._key("solve", gid, params), task, t
+
+    async def prepare_frontier(
+        self, owner: str, req: FrontierRequest, settings: Settings
+    ) -> tuple[str, str, dict[str, Any], float]:
+        """Validate a frontier request: (graph id, request key, task, total time limit)."""
+        specs = req.budgets if req.budgets is not None else list(DEFAULT_FRONTIER)
+        if not specs:
+            raise field_error(["body", "budgets"], "budgets: give at least one budget")
+        if len(specs) > settings.max_frontier_points:
+            raise field_error(
+                ["body", "budgets"],
+                f"{len(specs)} budgets exceed the limit max_frontier_points="
+                f"{settings.max_frontier_points}",
+                "limit.max_frontier_points",
+            )
+        norm = [normalize_budget(s, ["body", "budgets", i]) for i, s in enumerate(specs)]
+        name = self._solver(req.solver, req.options)
+        per_point = min(settings.default_time_limit_s, settings.sync_time_limit_s / len(specs))
+        t = self._time_limit(req.time_limit_s, settings, per_point)
+        gid, text = await self._graph_of(owner, req, settings)
+        params = {"budgets": norm, "solver": name, "time_limit_s": t, "options": req.options}
+        task = {"kind": "frontier", **params, "budgets": specs, "graph": text}
+        return gid, self._key("frontier", gid, params), task, t * len(specs)
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def cached(self, key: str) -> str | None:
+        return await asyncio.to_thread(self.store.cached, key)
+
+    async def run_now(self, task: dict[str, Any], key: str, time_limit_s: float) -> str:
+        """Run a task in the pool and wait: the result JSON (cached for next time)."""
+        try:
+            out = await self.pool.run(task, time_limit_s=time_limit_s)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
+        except WorkerCrashed as exc:
+            raise ApiError(500, str(exc)) from None
+        except WorkerTimeout as exc:
+            raise ApiError(504, str(exc)) from None
+        if "error" in out:
+            raise ApiError(422, [out["error"]])
+        if "crash" in out:
+            raise ApiError(500, f"the solver failed: {out['crash']}")
+        text: str = out["ok"]
+        await self._remember(key, text)
+        return text
+
+    async def _remember(self, key: str, text: str) -> None:
+        # A time-limited solve that ran out of time may do better on another try: not cached.
+        if '"status":"timeout"' not in text[:200]:
+            await asyncio.to_thread(self.store.put_cached, key, text)
+
+    async def submit(
+        self,
+        owner: str,
+        kind: JobKind,
+        graph_id: str,
+        key: str,
+        task: dict[str, Any],
+        time_limit_s: float,
+    ) -> JobRecord:
+        """Accept a job (written before it is answered); 429 when the queue is full."""
+        now = time.time()
+        stored = {k: v for k, v in task.items() if k != "graph"}
+        stored["deadline_s"] = time_limit_s
+        rec = JobRecord(
+            id=uuid.uuid4().hex,
+            owner=owner,
+            kind=kind,
+            status="queued",
+            graph_id=graph_id,
+            request=json.dumps(stored),
+            request_key=key,
+            created_at=now,
+            updated_at=now,
+        )
+        hit = await self.cached(key)
+        if hit is not None:
+            rec = JobRecord(
+                **{
+                    **rec.__dict__,
+                    "status": "done",
+                    "result": hit,
+                    "message": "answered from the store",
+                }
+            )
+            await asyncio.to_thread(self.store.create_job, rec)
+            return rec
+        try:
+            self.pool.admit()
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
+        try:
+            await asyncio.to_thread(self.store.create_job, rec)
+        except BaseException:
+            self.pool.unadmit()
+            raise
+        self._spawn_job(rec.id)
+        return rec
+
+    def _spawn_job(self, job_id: str) -> None:
+        t = asyncio.get_running_loop().create_task(self._run_job(job_id), name=f"job-{job_id}")
+        self._jobs[job_id] = t
+        t.add_done_callback(lambda _: self._jobs.pop(job_id, None))
+
+    async def _finish(self, job_id: str, **fields: Any) -> None:
+        await asyncio.to_thread(self.store.update_job, job_id, only_if=UNFINISHED, **fields)
+
+    async def _run_job(self, job_id: str) -> None:
+        admitted = True
+        try:
+            rec = await asyncio.to_thread(self.store.job, job_id)
+            assert rec is not None
+            task: dict[str, Any] = json.loads(rec.request)
+            deadline = float(task.pop("deadline_s"))
+            graph = await asyncio.to_thread(self.store.graph_json, rec.owner, rec.graph_id)
+            if graph is None:
+                self.pool.unadmit()
+                admitted = False
+                await self._finish(job_id, status="failed", error="its graph is no longer stored")
+                return
+            task["graph"] = graph
+            attempt = rec.attempts + 1
+            started = time.monotonic()
+            store = self.store
+
+            def on_start() -> None:
+                store.update_job(job_id, status="running", attempts=attempt, only_if=("queued",))
+
+            def on_progress(p: dict[str, Any]) -> None:
+                p.setdefault("elapsed_s", time.monotonic() - started)
+                store.update_job(job_id, progress=json.dumps(p), only_if=("running",))
+
+            admitted = False  # pool.run takes the admission over from here
+            out = await self.pool.run(
+                task,
+                time_limit_s=deadline,
+                on_progress=on_progress,
+                on_start=on_start,
+                admitted=True,
+            )
+        except asyncio.CancelledError:
+            if admitted:
+                self.pool.unadmit()
+            if job_id in self._cancelling:
+                self._cancelling.discard(job_id)
+                return
+            raise  # shutting down: the job stays queued/running for the next start
+        except WorkerCrashed as exc:
+            await self._finish(job_id, status="failed", error=str(exc))
+            return
+        except WorkerTimeout as exc:
+            await self._finish(job_id, status="failed", error=str(exc))
+            return
+        except Exception as exc:
+            log.exception("job %s", job_id)
+            await self._finish(job_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        if "error" in out:
+            e = out["error"]
+            loc = ".".join(str(p) for p in e["loc"])
+            await self._finish(job_id, status="failed", error=f"{loc}: {e['msg']}")
+        elif "crash" in out:
+            await self._finish(job_id, status="failed", error=f"the solver failed: {out['crash']}")
+        else:
+            await self._finish(job_id, status="done", result=out["ok"])
+            await self._remember(rec.request_key, out["ok"])
+
+    async def job(self, owner: str, job_id: str) -> JobRecord:
+        rec = await asyncio.to_thread(self.store.job, job_id, owner)
+        if rec is None:
+            raise ApiError(404, f"job_id {job_id!r}: no such job")
+        return rec
+
+    async def jobs(self, owner: str, limit: int) -> list[JobRecord]:
+        return await asyncio.to_thread(self.store.jobs, owner, limit)
+
+    async def cancel(self, owner: str, job_id: str) -> JobRecord:
+        rec = await self.job(owner, job_id)
+        if rec.status not in UNFINISHED:
+            raise ApiError(409, f"job {job_id!r} is already {rec.status}; nothing to cancel")
+        self._cancelling.add(job_id)
+        changed = await asyncio.to_thread(
+            self.store.update_job,
+            job_id,
+            status="cancelled",
+            message="cancelled by the caller",
+            only_if=UNFINISHED,
+        )
+        t = self._jobs.get(job_id)
+        if changed and t is not None:
+            t.cancel()
+        else:
+            self._cancelling.discard(job_id)
+        return await self.job(owner, job_id)
+
+
+def job_response(rec: JobRecord, *, full: bool = True) -> JobResponse:
+    """The API form of a stored job; without ``full``, no result and no plan in the progress."""
+    progress: Any = None
+    result: Any = None
+    if rec.progress:
+        progress = json.loads(rec.progress)
+        if not full:
+            progress.pop("best", None)
+    if full and rec.result:
+        result = json.loads(rec.result)
+    return JobResponse.model_validate(
+        {
+            "id": rec.id,
+            "kind": rec.kind,
+            "status": rec.status,
+            "graph_id": rec.graph_id,
+            "request_key": rec.request_key,
+            "created_at": rec.created_at,
+            "updated_at": rec.updated_at,
+            "attempts": rec.attempts,
+            "message": rec.message,
+            "error": rec.error,
+            "progress": progress,
+            "result": result,
+        }
+    )

@@ -1,0 +1,104 @@
+"""Service settings: one frozen object, built from keyword arguments or ``REMAT_*`` variables.
+
+Routes read it through the :func:`get_settings` dependency, so a test can override it with
+``app.dependency_overrides[get_settings]``; the store and the worker pool are built from the
+settings that :func:`remat.api.create_app` receives.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def _default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class Settings(BaseModel):
+    """Limits, storage and access for one service instance.
+
+    Attributes
+    ----------
+    db_url
+        Where jobs, graphs and cached results live: ``sqlite:///path/to.db`` (the default,
+        created on first use), ``sqlite:///:memory:`` or ``memory://`` (nothing persists).
+    api_keys
+        When non-empty, every ``/v1`` route needs one of these keys (``Authorization: Bearer
+        KEY`` or ``X-API-Key: KEY``) and a key sees only its own graphs and jobs.
+    workers
+        Solver worker processes: at most this many solves run at once.
+    max_queue
+        Solves (jobs or synchronous requests) allowed to wait for a worker; beyond it, 429.
+    max_body_bytes
+        Largest request body; beyond it, 413.
+    max_nodes
+        Largest graph, in nodes; beyond it, 422.
+    max_time_limit_s
+        Largest time limit a request may ask for; beyond it, 422.
+    sync_time_limit_s
+        Solves whose (total) time limit is at most this answer directly; longer ones answer
+        202 with a job.
+    default_time_limit_s
+        Time limit of a solve that names none.
+    max_frontier_points
+        Most budgets in one frontier request.
+    job_max_attempts
+        A job interrupted by a restart is re-run until it has started this many times; then
+        it is marked failed with the reason.
+    kill_grace_s
+        A worker still busy this long after its task's time limit is killed and replaced.
+    plugins
+        Modules imported by the server and every worker before solving: a plugin registers
+        extra solvers with ``remat.solver.register``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    db_url: str = "sqlite:///remat.db"
+    api_keys: tuple[str, ...] = ()
+    workers: int = Field(default_factory=_default_workers, ge=1, le=256)
+    max_queue: int = Field(default=64, ge=0)
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1)
+    max_nodes: int = Field(default=100_000, ge=1)
+    max_time_limit_s: float = Field(default=3600.0, gt=0)
+    sync_time_limit_s: float = Field(default=30.0, gt=0)
+    default_time_limit_s: float = Field(default=10.0, gt=0)
+    max_frontier_points: int = Field(default=32, ge=1)
+    job_max_attempts: int = Field(default=2, ge=1)
+    kill_grace_s: float = Field(default=30.0, ge=0)
+    plugins: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``REMAT_DB``, ``REMAT_API_KEYS`` (comma separated), ``REMAT_WORKERS``,
+        ``REMAT_MAX_QUEUE``, ``REMAT_MAX_BODY_BYTES``, ``REMAT_MAX_NODES``,
+        ``REMAT_MAX_TIME_LIMIT_S``, ``REMAT_SYNC_TIME_LIMIT_S``, ``REMAT_DEFAULT_TIME_LIMIT_S``,
+        ``REMAT_PLUGINS`` (comma separated); keyword ``overrides`` that are not None win."""
+        env = os.environ if environ is None else environ
+        names = {
+            "REMAT_DB": "db_url",
+            "REMAT_WORKERS": "workers",
+            "REMAT_MAX_QUEUE": "max_queue",
+            "REMAT_MAX_BODY_BYTES": "max_body_bytes",
+            "REMAT_MAX_NODES": "max_nodes",
+            "REMAT_MAX_TIME_LIMIT_S": "max_time_limit_s",
+            "REMAT_SYNC_TIME_LIMIT_S": "sync_time_limit_s",
+            "REMAT_DEFAULT_TIME_LIMIT_S": "default_time_limit_s",
+            "REMAT_JOB_MAX_ATTEMPTS": "job_max_attempts",
+        }
+        data: dict[str, object] = {f: env[k] for k, f in names.items() if env.get(k)}
+        for var, field in (("REMAT_API_KEYS", "api_keys"), ("REMAT_PLUGINS", "plugins")):
+            if env.get(var):
+                data[field] = tuple(p.strip() for p in env[var].split(",") if p.strip())
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)
+
+
+def get_settings(request: Request) -> Settings:
+    """The settings of the running app (a FastAPI dependency; tests may override it)."""
+    settings: Settings = request.app.state.settings
+    return settings

@@ -1,0 +1,152 @@
+"""The work a solver worker process does: parse, resolve the budget, solve, report.
+
+These functions run in the worker processes of :mod:`remat.api.pool`, never on the server's
+event loop. A task is a plain dict (it crosses a pipe); the answer is the result's JSON text, or
+``{"error": {"loc": [...], "msg": ..., "type": ...}}`` for a problem with the request that only
+shows once the graph is in hand (a budget fraction, an option the solver rejects).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from remat import solver as solvers
+from remat.ir import Graph, RematError, eager_plan, resolve_budget, simulate
+from remat.solver.base import SolveResult
+
+DEFAULT_FRONTIER = ["100%", "80%", "60%", "50%", "40%", "30%", "20%", "10%"]
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class TaskError(Exception):
+    """A request problem found in the worker; ``loc`` names the field."""
+
+    def __init__(self, loc: list[str | int], msg: str, type_: str = "value_error") -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+        self.type = type_
+
+
+def _resolve(graph: Graph, spec: Any, loc: list[str | int]) -> int:
+    try:
+        return resolve_budget(graph, spec)
+    except ValueError as exc:
+        raise TaskError(loc, str(exc)) from None
+
+
+def _solve(graph: Graph, budget_bytes: int, task: dict[str, Any]) -> SolveResult:
+    try:
+        return solvers.get(task["solver"])(
+            graph, budget_bytes, time_limit_s=task["time_limit_s"], **task["options"]
+        )
+    except RematError as exc:
+        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
+    except ValueError as exc:
+        raise TaskError(["body", "options"], str(exc)) from None
+
+
+def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: float) -> None:
+    # A cheap first answer for a job, so that "best plan so far" is there while a slow exact
+    # solver works: the better of no-remat and checkpoint-all.
+    cands = [solvers.get(n)(graph, budget_bytes) for n in ("none", "checkpoint-all")]
+    fitting = [r for r in cands if r.fits]
+    if fitting:
+        best = min(fitting, key=lambda r: r.total_time_s or 0.0)
+    else:
+        best = min(cands, key=lambda r: r.peak_bytes or 0)
+    progress(
+        {
+            "stage": "solving",
+            "elapsed_s": time.perf_counter() - started,
+            "best": best.model_dump(mode="json"),
+        }
+    )
+
+
+def run_solve(task: dict[str, Any], progress: Progress | None = None) -> str:
+    """Solve ``task`` (graph JSON, budget, solver, time limit, options); result JSON text."""
+    started = time.perf_counter()
+    graph = Graph.from_json(task["graph"])
+    budget_bytes = _resolve(graph, task["budget"], ["body", "budget"])
+    if progress is not None:
+        if solvers.info(task["solver"]).kind != "baseline":
+            _incumbent(graph, budget_bytes, progress, started)
+        else:
+            progress({"stage": "solving", "elapsed_s": time.perf_counter() - started})
+    return _solve(graph, budget_bytes, task).model_dump_json()
+
+
+def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> str:
+    """Solve ``task`` at each of its budgets; :class:`~remat.api.schemas.FrontierResult` JSON."""
+    from remat.api.schemas import FrontierPoint, FrontierResult
+
+    started = time.perf_counter()
+    graph = Graph.from_json(task["graph"])
+    specs = task["budgets"] or DEFAULT_FRONTIER
+    budgets = [_resolve(graph, s, ["body", "budgets", i]) for i, s in enumerate(specs)]
+    eager = simulate(graph, eager_plan(graph))
+    points: list[FrontierPoint] = []
+    for i, (spec, b) in enumerate(zip(specs, budgets, strict=True)):
+        r = _solve(graph, b, task)
+        points.append(
+            FrontierPoint(
+                budget=spec,
+                budget_bytes=b,
+                status=r.status,
+                solver=r.solver,
+                peak_bytes=r.peak_bytes,
+                total_time_s=r.total_time_s,
+                overhead=r.overhead,
+                lower_bound_s=r.lower_bound_s,
+                gap=r.gap,
+                min_budget_bytes=r.min_budget_bytes,
+                solve_time_s=r.solve_time_s,
+            )
+        )
+        if progress is not None:
+            progress(
+                {
+                    "stage": "solving",
+                    "elapsed_s": time.perf_counter() - started,
+                    "points_done": i + 1,
+                    "points_total": len(specs),
+                }
+            )
+    return FrontierResult(
+        solver=task["solver"],
+        baseline_time_s=eager.total_time_s,
+        eager_peak_bytes=eager.peak_bytes,
+        static_bytes=graph.static_bytes,
+        points=points,
+    ).model_dump_json()
+
+
+def run_summary(task: dict[str, Any], progress: Progress | None = None) -> str:
+    """Summary of a graph with its no-remat peak (for ``POST /v1/graphs``)."""
+    import json
+
+    graph = Graph.from_json(task["graph"])
+    s = graph.summary()
+    s["no_remat_peak_bytes"] = simulate(graph, eager_plan(graph)).peak_bytes
+    return json.dumps(s)
+
+
+RUNNERS: dict[str, Callable[[dict[str, Any], Progress | None], str]] = {
+    "solve": run_solve,
+    "frontier": run_frontier,
+    "summary": run_summary,
+}
+
+
+def run_task(task: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+    """Run one task; ``{"ok": json_text}`` or ``{"error": {...}}`` naming the field."""
+    try:
+        return {"ok": RUNNERS[task["kind"]](task, progress)}
+    except TaskError as exc:
+        return {"error": {"loc": exc.loc, "msg": exc.msg, "type": exc.type}}
+    except (RematError, ValueError) as exc:
+        return {"error": {"loc": ["body"], "msg": str(exc), "type": type(exc).__name__}}

@@ -1,0 +1,51 @@
+"""A solver worker process: ``python -m remat.api.worker READ_FD WRITE_FD [PLUGIN...]``.
+
+Started by :class:`remat.api.pool.WorkerPool` as a plain subprocess (not a multiprocessing
+child, so it never re-imports the server's main module). It reads task dicts from one pipe and
+writes ``("progress", dict)`` and ``("done", dict)`` messages to the other, one task at a time,
+until the server closes the pipe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def serve(rx: Connection, tx: Connection, plugins: list[str]) -> None:
+    """Run tasks from ``rx`` until it closes, answering on ``tx``."""
+    # The server handles Ctrl-C and stops its workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from remat.api.tasks import run_task
+
+    for name in plugins:
+        importlib.import_module(name)
+
+    def progress(p: dict[str, Any]) -> None:
+        tx.send(("progress", p))
+
+    tx.send(("ready", {}))
+    while True:
+        try:
+            task = rx.recv()
+        except (EOFError, OSError):
+            return  # the server went away
+        try:
+            out: dict[str, Any] = run_task(task, progress)
+        except Exception as exc:  # a solver bug: report it and keep serving
+            out = {"crash": f"{type(exc).__name__}: {exc}"}
+        try:
+            tx.send(("done", out))
+        except OSError:
+            return
+
+
+if __name__ == "__main__":
+    serve(
+        Connection(int(sys.argv[1]), writable=False),
+        Connection(int(sys.argv[2]), readable=False),
+        sys.argv[3:],
+    )

@@ -1,0 +1,460 @@
+"""The ``remat`` command: trace, solve, check, frontier, report, serve.
+
+Exit status: 0 success; 1 a check failed (``check``), or no plan fits the budget (``solve``);
+2 bad input (a missing or malformed file, a graph that fails validation, an unknown solver, an
+unreadable budget) or a service that refused the request. Errors are one line on stderr, never
+a traceback. Heavy imports (torch for ``trace``, uvicorn for ``serve``) happen inside the
+command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from remat.ir import Graph, RematError, eager_plan, format_bytes, resolve_budget, simulate
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(Exception):
+    """A user error the CLI reports in one line with exit status 2."""
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def load_graph(path: str) -> Graph:
+    """A graph from a JSON file (``-`` for stdin); :class:`BadInput` naming the file."""
+    try:
+        return Graph.from_json(_read_text(path))
+    except RematError as exc:
+        raise BadInput(f"{path}: {exc}") from None
+
+
+def _budget_arg(text: str) -> int | float | str:
+    """``--budget`` as the service reads it: ``12GiB``, ``70%``, ``0.7`` or bytes."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+def _solve_local(
+    graph: Graph, budget: int | float | str, solver: str | None, time_limit_s: float | None
+) -> Any:
+    from remat import solver as solvers
+
+    try:
+        budget_bytes = resolve_budget(graph, budget)
+    except ValueError as exc:
+        raise BadInput(f"--{exc}") from None
+    try:
+        return solvers.solve(graph, budget_bytes, solver=solver, time_limit_s=time_limit_s)
+    except RematError as exc:
+        raise BadInput(f"--solver: {exc}") from None
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from remat.client import Client
+
+    return Client(args.url, api_key=args.api_key)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.1f}%"
+
+
+def _secs(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.6g} s"
+
+
+def _table(rows: list[tuple[str, str]], out: TextIO) -> None:
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}", file=out)
+
+
+def _result_rows(result: Any) -> list[tuple[str, str]]:
+    rows = [
+        ("solver", f"{result.solver} ({result.status})"),
+        ("budget", f"{format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)"),
+    ]
+    if result.peak_bytes is not None:
+        rows.append(("peak", f"{format_bytes(result.peak_bytes)} ({result.peak_bytes} bytes)"))
+    rows.append(
+        (
+            "time",
+            f"{_secs(result.total_time_s)} (no remat {_secs(result.baseline_time_s)}, "
+            f"overhead {_pct(result.overhead)})",
+        )
+    )
+    if result.lower_bound_s is not None:
+        rows.append(("bound", f"{_secs(result.lower_bound_s)} (gap {_pct(result.gap)})"))
+    if result.min_budget_bytes is not None:
+        rows.append(("smallest budget found", format_bytes(result.min_budget_bytes)))
+    if result.message:
+        rows.append(("note", result.message))
+    return rows
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    graph = load_graph(args.graph)
+    budget = _budget_arg(args.budget)
+    if args.url:
+        with _client(args) as c:
+            result = c.solve(graph, budget, solver=args.solver, time_limit_s=args.time_limit)
+    else:
+        result = _solve_local(graph, budget, args.solver, args.time_limit)
+    if args.out:
+        _write(args.out, result.model_dump_json(indent=1))
+    if args.json:
+        print(result.model_dump_json(exclude={"plan"}, indent=1))
+    else:
+        print(f"remat solve: {args.graph} ({graph.num_nodes} nodes)")
+        _table(_result_rows(result), sys.stdout)
+        if args.out:
+            print(f"  wrote {args.out}")
+    return EXIT_OK if result.fits else EXIT_FAILED
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    graph = load_graph(args.graph)
+    specs = [_budget_arg(b) for b in args.budgets.split(",")] if args.budgets else None
+    if args.url:
+        with _client(args) as c:
+            fr = c.frontier(graph, specs, solver=args.solver, time_limit_s=args.time_limit)
+        points = [
+            (p.budget, p.budget_bytes, p.status, p.peak_bytes, p.total_time_s, p.overhead)
+            for p in fr.points
+        ]
+    else:
+        from remat.api.tasks import DEFAULT_FRONTIER
+
+        points = []
+        for spec in specs or list(DEFAULT_FRONTIER):
+            r = _solve_local(graph, spec, args.solver, args.time_limit)
+            points.append(
+                (spec, r.budget_bytes, r.status, r.peak_bytes, r.total_time_s, r.overhead)
+            )
+    if args.json:
+        keys = ("budget", "budget_bytes", "status", "peak_bytes", "total_time_s", "overhead")
+        print(json.dumps([dict(zip(keys, p, strict=True)) for p in points], indent=1))
+        return EXIT_OK
+    print(f"remat frontier: {args.graph} ({graph.num_nodes} nodes)")
+    print(
+        f"  {'budget':>10} {'bytes':>14} {'status':>10} {'peak':>12} {'time':>12} {'overhead':>9}"
+    )
+    for spec, b, st, peak, t, ov in points:
+        pk = "-" if peak is None else format_bytes(peak)
+        print(f"  {spec!s:>10} {b:>14} {st:>10} {pk:>12} {_secs(t):>12} {_pct(ov):>9}")
+    return EXIT_OK
+
+
+def _target_graph(target: str, cost: str) -> Graph:
+    if target == "-" or target.endswith(".json") or (Path(target).is_file() and ":" not in target):
+        return load_graph(target)
+    if ":" not in target:
+        raise BadInput(f"{target}: not a graph JSON file nor a trace spec such as 'model.py:build'")
+    try:
+        from remat.tracer import trace_spec  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise BadInput(f"tracing {target} needs torch and remat.tracer ({exc})") from None
+    try:
+        graph: Graph = trace_spec(target, cost=cost)
+    except (RematError, ValueError, ImportError, OSError, AttributeError) as exc:
+        raise BadInput(f"{target}: {exc}") from None
+    return graph
+
+
+def _junit(
+    target: str, passed: bool, reason: str, rows: list[tuple[str, str]], time_s: float
+) -> str:
+    suite = ET.Element(
+        "testsuite",
+        name="remat.check",
+        tests="1",
+        failures="0" if passed else "1",
+        errors="0",
+        time=f"{time_s:.3f}",
+    )
+    case = ET.SubElement(
+        suite, "testcase", classname="remat.check", name=target, time=f"{time_s:.3f}"
+    )
+    if not passed:
+        fail = ET.SubElement(case, "failure", message=reason, type="RematCheckFailed")
+        fail.text = "\n".join(f"{k}: {v}" for k, v in rows)
+    out = ET.SubElement(case, "system-out")
+    out.text = "\n".join(f"{k}: {v}" for k, v in rows)
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    graph = _target_graph(args.target, args.cost)
+    budget = _budget_arg(args.budget)
+    result = _solve_local(graph, budget, args.solver, args.time_limit)
+    eager_peak = simulate(graph, eager_plan(graph)).peak_bytes
+    if not result.fits:
+        passed = False
+        need = result.min_budget_bytes
+        reason = f"no plan fits {format_bytes(result.budget_bytes)}" + (
+            f" (smallest found: {format_bytes(need)})" if need is not None else ""
+        )
+    elif args.max_overhead is not None and (result.overhead or 0.0) > args.max_overhead:
+        passed = False
+        reason = (
+            f"the plan fits but costs {_pct(result.overhead)} time, over --max-overhead "
+            f"{_pct(args.max_overhead)}"
+        )
+    else:
+        passed = True
+        reason = f"fits {format_bytes(result.budget_bytes)} at {_pct(result.overhead)} time"
+    rows = [
+        ("target", args.target),
+        ("graph", f"{graph.num_nodes} nodes, static {format_bytes(graph.static_bytes)}"),
+        ("no-remat peak", f"{format_bytes(eager_peak)} ({eager_peak} bytes)"),
+        *_result_rows(result),
+        ("max overhead", "none" if args.max_overhead is None else _pct(args.max_overhead)),
+        ("result", ("PASS: " if passed else "FAIL: ") + reason),
+    ]
+    print(f"remat check: {args.target}")
+    _table(rows, sys.stdout)
+    if args.json:
+        report = {
+            "target": args.target,
+            "passed": passed,
+            "reason": reason,
+            "max_overhead": args.max_overhead,
+            "no_remat_peak_bytes": eager_peak,
+            "graph": graph.summary(),
+            "result": result.model_dump(mode="json", exclude={"plan"}),
+        }
+        _write(args.json, json.dumps(report, indent=1))
+    if args.junit:
+        _write(args.junit, _junit(args.target, passed, reason, rows, result.solve_time_s))
+    return EXIT_OK if passed else EXIT_FAILED
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    graph = _target_graph(args.spec, args.cost)
+    if args.out:
+        _write(args.out, graph.to_json(indent=1))
+    s = graph.summary()
+    print(f"remat trace: {args.spec}")
+    _table(
+        [
+            ("nodes", f"{s['num_nodes']} ({s['num_forward_nodes']} forward)"),
+            ("values", str(s["num_values"])),
+            ("static", format_bytes(s["static_bytes"])),
+            ("activations", format_bytes(s["activation_bytes"])),
+            ("compute", _secs(s["compute_time_s"])),
+            *([("wrote", args.out)] if args.out else []),
+        ],
+        sys.stdout,
+    )
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from remat.solver.base import SolveResult
+
+    graph = load_graph(args.graph)
+    s = graph.summary()
+    eager = simulate(graph, eager_plan(graph))
+    rows = [
+        ("graph", f"{s['name'] or args.graph}: {s['num_nodes']} nodes, {s['num_values']} values"),
+        ("static", format_bytes(s["static_bytes"])),
+        ("no-remat peak", f"{format_bytes(eager.peak_bytes)} ({eager.peak_bytes} bytes)"),
+        ("no-remat time", _secs(eager.total_time_s)),
+    ]
+    data: dict[str, Any] = {"graph": s, "no_remat_peak_bytes": eager.peak_bytes}
+    if args.result:
+        try:
+            result = SolveResult.model_validate_json(_read_text(args.result))
+        except ValueError as exc:
+            raise BadInput(f"{args.result}: not a solve result: {exc}") from None
+        if result.plan is None:
+            raise BadInput(f"{args.result}: the result has no plan")
+        try:
+            sim = simulate(graph, result.plan)
+        except RematError as exc:
+            raise BadInput(f"{args.result}: its plan does not run on {args.graph}: {exc}") from None
+        fates = result.plan.summary(graph)
+        recomputed = sum(1 for f in fates.values() if f.recomputed > 0)
+        offloaded = sum(1 for f in fates.values() if f.status == "offloaded")
+        overhead = sim.total_time_s / eager.total_time_s - 1 if eager.total_time_s else 0.0
+        rows += [
+            ("solver", f"{result.solver} ({result.status})"),
+            (
+                "plan peak",
+                f"{format_bytes(sim.peak_bytes)} (budget {format_bytes(result.budget_bytes)})",
+            ),
+            (
+                "plan time",
+                f"{_secs(sim.total_time_s)} (overhead {_pct(overhead)})",
+            ),
+            ("recomputed", f"{recomputed} values, {_secs(sim.recompute_time_s)}"),
+            ("offloaded", f"{offloaded} values, stalls {_secs(sim.stall_time_s)}"),
+        ]
+        data["plan"] = {
+            "solver": result.solver,
+            "peak_bytes": sim.peak_bytes,
+            "total_time_s": sim.total_time_s,
+            "recomputed_values": recomputed,
+            "offloaded_values": offloaded,
+        }
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(f"remat report: {args.graph}")
+        _table(rows, sys.stdout)
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from remat.api import Settings, create_app
+
+    try:
+        settings = Settings.from_env(
+            db_url=args.db,
+            workers=args.workers,
+            max_queue=args.max_queue,
+            api_keys=tuple(args.api_key) if args.api_key else None,
+            plugins=tuple(args.plugin) if args.plugin else None,
+        )
+        app = create_app(settings)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return EXIT_OK
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="remat",
+        description="Fit neural-network training into device memory.",
+        epilog="Exit status: 0 ok, 1 check failed / no plan fits, 2 bad input.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def solver_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--solver", help="solver name (default: auto); see GET /v1/solvers")
+        sp.add_argument("--time-limit", type=float, metavar="S", help="solver time limit (s)")
+
+    def remote_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--url", help="solve on a remat service instead of locally")
+        sp.add_argument("--api-key", help="API key for --url")
+
+    sp = sub.add_parser("solve", help="solve a graph at a budget")
+    sp.add_argument("graph", metavar="GRAPH.json")
+    sp.add_argument("--budget", required=True, help="e.g. 8GiB, 70%%, 0.7 or bytes")
+    solver_args(sp)
+    sp.add_argument("--out", metavar="RESULT.json", help="write the result with its plan")
+    sp.add_argument("--json", action="store_true", help="print the result (without plan) as JSON")
+    remote_args(sp)
+    sp.set_defaults(fn=cmd_solve)
+
+    sp = sub.add_parser("frontier", help="time and peak at several budgets")
+    sp.add_argument("graph", metavar="GRAPH.json")
+    sp.add_argument("--budgets", help="comma separated, e.g. 100%%,50%%,8GiB (default 100%%..10%%)")
+    solver_args(sp)
+    sp.add_argument("--json", action="store_true")
+    remote_args(sp)
+    sp.set_defaults(fn=cmd_frontier)
+
+    sp = sub.add_parser("check", help="exit 1 unless a plan fits the budget (for CI)")
+    sp.add_argument("target", help="GRAPH.json, or a trace spec such as examples/gpt.py:build")
+    sp.add_argument("--budget", required=True)
+    sp.add_argument(
+        "--max-overhead", type=float, metavar="FRAC", help="fail above this extra time, e.g. 0.25"
+    )
+    solver_args(sp)
+    sp.add_argument("--cost", default="flops", help="trace cost model: flops, measure or a device")
+    sp.add_argument("--json", metavar="PATH", help="write a JSON report")
+    sp.add_argument("--junit", metavar="PATH", help="write a JUnit XML report")
+    sp.set_defaults(fn=cmd_check)
+
+    sp = sub.add_parser("trace", help="trace a model into a graph (needs torch)")
+    sp.add_argument("spec", help="e.g. examples/gpt.py:build or package.module:function")
+    sp.add_argument("--cost", default="flops", help="flops, measure or a device profile name")
+    sp.add_argument("--out", metavar="GRAPH.json")
+    sp.set_defaults(fn=cmd_trace)
+
+    sp = sub.add_parser("report", help="summarise a graph and, optionally, a result's plan")
+    sp.add_argument("graph", metavar="GRAPH.json")
+    sp.add_argument("--result", metavar="RESULT.json", help="a result written by solve --out")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_report)
+
+    sp = sub.add_parser("serve", help="run the HTTP service")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--db", help="database URL (default sqlite:///remat.db, env REMAT_DB)")
+    sp.add_argument("--workers", type=int, help="solver worker processes")
+    sp.add_argument("--max-queue", type=int, help="solves allowed to wait for a worker")
+    sp.add_argument("--api-key", action="append", help="require this key (repeatable)")
+    sp.add_argument("--plugin", action="append", help="module registering extra solvers")
+    sp.add_argument("--log-level", default="info")
+    sp.set_defaults(fn=cmd_serve)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``remat`` command; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        code: int = args.fn(args)
+        return code
+    except BadInput as exc:
+        print(f"remat {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (RematError, ValueError) as exc:
+        print(f"remat {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"remat {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
