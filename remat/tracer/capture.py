@@ -1,0 +1,711 @@
+"""Capture one training step as a functional joint FX graph, and map it to the IR by storage.
+
+How the step is captured
+------------------------
+``aot_function`` over ``torch.func.functional_call(model, (params, buffers), inputs)`` with a
+partition function that keeps the joint forward+backward graph. Parameters, buffers and inputs
+are fake tensors (``FakeTensorMode``) unless ``fake=False``, so nothing the size of the model is
+allocated. The joint graph is functional: views stay views, in-place updates of buffers (batch
+norm running statistics) become out-of-place ops whose results are returned as extra outputs.
+Tensors a model builds inside ``forward`` (``torch.tensor(...)``, masks, plain tensor attributes)
+become ``get_attr`` constants holding real tensors.
+
+Two things are done to make the graph mirror the eager step that it replaces:
+
+* ``aten.dropout`` is traced through its C++ composite (``bernoulli_`` noise, as eager CPU runs
+  it) instead of torch's Python decomposition to ``native_dropout``, so that the memory of the
+  saved noise and the random numbers drawn are those of the eager step.
+* each module's path is recorded on the forward nodes (``meta["nn_module_stack"]``) by global
+  module hooks; backward nodes take the module of the forward op with the same ``seq_nr``.
+
+Storage mapping
+---------------
+Every tensor in the joint graph lives in a storage; each storage is one IR :class:`Value`
+(``size_bytes`` is the storage's size). The op that creates a storage is an IR :class:`Node`
+with the FX node's name as id and name; ops whose outputs only alias existing storages (views,
+``detach``, tuple ``getitem``) are not nodes: a node that reads a view lists the base value.
+Kinds: ``param`` and ``buffer`` placeholders, ``input`` for the example inputs and the loss's
+incoming gradient (``tangents_1``, the ``ones`` that ``loss.backward()`` creates), ``buffer`` for
+updated buffers and graph constants, ``loss``, ``gradient`` for values made in the backward phase
+(required for parameter gradients), ``activation`` otherwise. Value ids are FX node names too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from remat.ir import Graph, Node, Value
+from remat.ir.errors import RematError
+from remat.tracer.flops import node_flops
+
+
+class TraceError(RematError, ValueError):
+    """The model could not be traced. ``op`` and ``module`` name where, when known."""
+
+    def __init__(self, message: str, *, op: str | None = None, module: str | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+        self.module = module
+
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass
+class Capture:
+    """One captured training step: the FX joint graph and its IR graph, with the maps between.
+
+    Attributes
+    ----------
+    joint
+        The functional joint forward+backward ``GraphModule``. Call it as
+        ``joint(primals, tangents)`` with ``primals = [*params, *buffers, *flat_inputs]`` (in the
+        orders below) and ``tangents = [ones_like(loss)]``; it returns
+        ``[*updated_buffers, loss, *grads]`` with one grad per primal (None where no gradient).
+    graph
+        The IR graph (costed by :func:`remat.tracer.trace`; ``capture`` fills in FLOPs and
+        leaves ``time_s`` at 0).
+    param_names, buffer_names
+        Qualified names of the model's parameters (tied ones once) and buffers, in primal order.
+    num_inputs
+        Number of flattened example-input tensors (after params and buffers in the primals).
+    input_spec
+        ``pytree`` spec of ``example_inputs``; non-tensor leaves are in ``input_constants``.
+    node_fx
+        IR node id -> the FX node that it runs.
+    value_fx
+        IR value id -> the FX node (or ``getitem`` of a tuple output) whose result is the base
+        tensor of that storage.
+    value_aliases
+        IR value id -> every FX node whose tensor lives in that storage (the base first, then
+        views and aliases, graph order).
+    fx_value
+        FX node name -> IR value id of the storage its tensor lives in (tensor-valued nodes).
+    param_values, buffer_values, input_values
+        Parameter / buffer name -> IR value id; input values in flat-input order.
+    tangent_value
+        IR value id of the loss's incoming gradient.
+    loss_value
+        IR value id of the loss.
+    grad_values
+        Parameter name -> IR value id of its gradient (parameters with ``requires_grad``).
+    buffer_updates
+        Buffer name -> IR value id of its updated value (buffers the step mutates).
+    output_roles
+        One entry per joint output: ``("buffer", name)``, ``("loss", "")``, ``("grad", name)`` or
+        ``("none", "")``.
+    fake
+        Whether the capture ran on fake tensors.
+    """
+
+    joint: torch.fx.GraphModule
+    graph: Graph
+    param_names: list[str]
+    buffer_names: list[str]
+    num_inputs: int
+    input_spec: pytree.TreeSpec
+    input_constants: dict[int, Any]
+    node_fx: dict[str, torch.fx.Node]
+    value_fx: dict[str, torch.fx.Node]
+    value_aliases: dict[str, list[torch.fx.Node]]
+    fx_value: dict[str, str]
+    param_values: dict[str, str]
+    buffer_values: dict[str, str]
+    input_values: list[str]
+    tangent_value: str
+    loss_value: str
+    grad_values: dict[str, str]
+    buffer_updates: dict[str, str]
+    output_roles: list[tuple[str, str]]
+    fake: bool
+    requires_grad: dict[str, bool] = field(default_factory=dict)
+
+    def primals(self, model: nn.Module, example_inputs: Any) -> list[torch.Tensor]:
+        """The joint graph's primal arguments for ``model`` and ``example_inputs`` (real)."""
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        flat, _ = pytree.tree_flatten(_as_args(example_inputs))
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        return (
+            [params[n] for n in self.param_names]
+            + [buffers[n] for n in self.buffer_names]
+            + tensors
+        )
+
+
+# -- capture ----------------------------------------------------------------------------------
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    raise TypeError(
+        "example_inputs must be a tensor or a tuple/list of the model's positional arguments, "
+        f"got {type(example_inputs).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def _eager_dropout() -> Iterator[None]:
+    """Trace ``aten.dropout`` as eager CPU runs it (see the module docstring)."""
+    op = torch.ops.aten.dropout.default
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    saved = op.py_kernels.pop(key, None)
+    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        if saved is not None:
+            op.py_kernels[key] = saved
+        op._dispatch_cache.clear()
+
+
+class _ModuleTracker:
+    """Global module hooks that keep a stack of module paths and put it on new FX nodes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.paths: dict[int, str] = {}
+        for name, mod in model.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(mod), name)
+        self.stack: list[str] = []
+        self.handles: list[Any] = []
+
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def _publish(self) -> None:
+        fx_traceback.current_meta["nn_module_stack"] = {p: (p, "") for p in self.stack if p}
+
+    def _pre(self, mod: nn.Module, args: Any) -> None:
+        path = self.paths.get(id(mod))
+        if path is not None:
+            self.stack.append(path)
+            self._publish()
+
+    def _post(self, mod: nn.Module, args: Any, out: Any) -> None:
+        if self.paths.get(id(mod)) is not None and self.stack:
+            self.stack.pop()
+            self._publish()
+
+    def __enter__(self) -> _ModuleTracker:
+        reg = nn.modules.module
+        self.handles = [
+            reg.register_module_forward_pre_hook(self._pre),
+            reg.register_module_forward_hook(self._post),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.stack.clear()
+
+
+class _OpRecorder(TorchFunctionMode):
+    """Remembers the torch function that raised last, and in which module, for error messages."""
+
+    def __init__(self, modules: _ModuleTracker) -> None:
+        super().__init__()
+        self.modules = modules
+        self.failed: tuple[str, str, BaseException] | None = None
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception as exc:
+            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+            mod = getattr(func, "__module__", None)
+            if mod and mod.startswith("torch") and "." not in name:
+                name = f"{mod}.{name}"
+            self.failed = (str(name), self.modules.current(), exc)
+            raise
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: LossFn | None = None,
+    *,
+    fake: bool = True,
+) -> Capture:
+    """Capture one training step of ``model`` as a joint FX graph and its IR graph.
+
+    Parameters
+    ----------
+    model
+        Any ``nn.Module``. It is not modified (its parameters are swapped in functionally).
+    example_inputs
+        A tensor or a tuple of the model's positional arguments.
+    loss_fn
+        ``loss_fn(output) -> scalar``; when None the model's output must be the scalar loss.
+    fake
+        Trace on fake tensors (no memory the size of the model is allocated).
+
+    Raises
+    ------
+    TraceError
+        When the model cannot be traced; the message names the op and the module.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    args = _as_args(example_inputs)
+    flat_args, input_spec = pytree.tree_flatten(args)
+    tensor_pos = [i for i, x in enumerate(flat_args) if isinstance(x, torch.Tensor)]
+    input_constants = {i: x for i, x in enumerate(flat_args) if not isinstance(x, torch.Tensor)}
+    for i in tensor_pos:
+        if flat_args[i].device.type not in ("cpu", "meta"):
+            raise TraceError(
+                f"example input {i} is on {flat_args[i].device}: trace on the CPU (or meta) and "
+                "choose a device profile for the costs"
+            )
+
+    named_params = list(model.named_parameters())
+    named_buffers = list(model.named_buffers())
+    param_names = [n for n, _ in named_params]
+    buffer_names = [n for n, _ in named_buffers]
+    P, B = len(named_params), len(named_buffers)
+    requires_grad = {n: bool(p.requires_grad) for n, p in named_params}
+
+    captured: dict[str, Any] = {}
+
+    def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+        from torch._functorch.partitioners import default_partition
+
+        captured["joint"] = joint
+        captured["num_fwd_outputs"] = kw.get("num_fwd_outputs")
+        return default_partition(joint, joint_inputs, **kw)
+
+    def step(*flat: torch.Tensor) -> torch.Tensor:
+        params = dict(zip(param_names, flat[:P], strict=True))
+        buffers = dict(zip(buffer_names, flat[P : P + B], strict=True))
+        leaves = list(flat_args)
+        for pos, t in zip(tensor_pos, flat[P + B :], strict=True):
+            leaves[pos] = t
+        call_args = pytree.tree_unflatten(leaves, input_spec)
+        out = torch.func.functional_call(model, (params, buffers), tuple(call_args))
+        loss = loss_fn(out) if loss_fn is not None else out
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = "loss_fn" if loss_fn is not None else "the model (no loss_fn given)"
+            raise TraceError(
+                f"{what} must return a scalar tensor, got "
+                + (
+                    f"shape {tuple(loss.shape)}"
+                    if isinstance(loss, torch.Tensor)
+                    else type(loss).__name__
+                )
+            )
+        return loss
+
+    from torch._functorch.aot_autograd import aot_function
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def identity(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        return make_boxed_func(gm.forward)
+
+    modules = _ModuleTracker(model)
+    recorder = _OpRecorder(modules)
+    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    try:
+        with mode, _eager_dropout(), fx_traceback.preserve_node_meta(), modules, recorder:
+            prim: list[torch.Tensor] = []
+            for src in [p for _, p in named_params] + [b for _, b in named_buffers]:
+                t = mode.from_tensor(src) if fake else src.detach()
+                prim.append(t)
+            for i in tensor_pos:
+                x = flat_args[i]
+                prim.append(mode.from_tensor(x) if fake else x.detach())
+            for t, (_, p) in zip(prim[:P], named_params, strict=True):
+                t.requires_grad_(p.requires_grad)
+            versions = [t._version for t in prim]
+            compiled = aot_function(
+                step, fw_compiler=identity, bw_compiler=identity, partition_fn=partition_fn
+            )
+            loss = compiled(*prim)
+            mutated = [i for i, t in enumerate(prim) if t._version != versions[i]]
+            del loss
+    except TraceError:
+        raise
+    except Exception as exc:
+        if recorder.failed is not None:
+            op, module, inner = recorder.failed
+            where = f"module {module!r}" if module else "the top-level forward"
+            raise TraceError(
+                f"cannot trace op {op} in {where}: {type(inner).__name__}: {inner}",
+                op=op,
+                module=module,
+            ) from exc
+        raise TraceError(
+            f"cannot trace the model: {type(exc).__name__}: {exc}", module=modules.current()
+        ) from exc
+    if "joint" not in captured:
+        raise TraceError(
+            "no backward graph was captured: does the loss depend on any parameter "
+            "with requires_grad?"
+        )
+
+    bad = [i for i in mutated if not (P <= i < P + B)]
+    if bad:
+        names = [param_names[i] if i < P else f"input {i - P - B}" for i in bad]
+        raise TraceError(f"the step mutates {', '.join(names)} in place; only buffers may be")
+    joint: torch.fx.GraphModule = captured["joint"]
+    num_fwd = captured["num_fwd_outputs"]
+    if num_fwd != len(mutated) + 1:
+        raise TraceError(
+            f"unexpected joint graph: {num_fwd} forward outputs for {len(mutated)} mutated "
+            "buffers and one loss (does the loss alias an intermediate tensor?)"
+        )
+    return _to_ir(
+        joint,
+        model_name=type(model).__name__,
+        param_names=param_names,
+        buffer_names=buffer_names,
+        requires_grad=requires_grad,
+        mutated_buffers=[buffer_names[i - P] for i in mutated],
+        num_inputs=len(tensor_pos),
+        input_spec=input_spec,
+        input_constants=input_constants,
+        fake=fake,
+    )
+
+
+# -- FX -> IR ---------------------------------------------------------------------------------
+
+
+def _is_rng(target: Any) -> bool:
+    tags = getattr(target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensors(val: Any) -> list[torch.Tensor | None]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (tuple, list)):
+        return [v if isinstance(v, torch.Tensor) else None for v in val]
+    return []
+
+
+def _to_ir(
+    joint: torch.fx.GraphModule,
+    *,
+    model_name: str,
+    param_names: list[str],
+    buffer_names: list[str],
+    requires_grad: dict[str, bool],
+    mutated_buffers: list[str],
+    num_inputs: int,
+    input_spec: pytree.TreeSpec,
+    input_constants: dict[int, Any],
+    fake: bool,
+) -> Capture:
+    P, B = len(param_names), len(buffer_names)
+    fx_nodes = list(joint.graph.nodes)
+
+    storage_value: dict[StorageWeakRef, str] = {}
+    value_base: dict[str, torch.Tensor] = {}
+    value_fx: dict[str, torch.fx.Node] = {}
+    value_aliases: dict[str, list[torch.fx.Node]] = {}
+    fx_value: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+
+    def new_value(vid: str, t: torch.Tensor, fx: torch.fx.Node, kind: str) -> None:
+        storage_value[StorageWeakRef(t.untyped_storage())] = vid
+        value_base[vid] = t
+        value_fx[vid] = fx
+        value_aliases[vid] = [fx]
+        kinds[vid] = kind
+        fx_value[fx.name] = vid
+
+    def alias(fx: torch.fx.Node, vid: str) -> None:
+        fx_value[fx.name] = vid
+        value_aliases[vid].append(fx)
+
+    def storage_of(t: torch.Tensor) -> str | None:
+        return storage_value.get(StorageWeakRef(t.untyped_storage()))
+
+    # Module of each forward seq_nr, for backward nodes.
+    seq_module: dict[int, str] = {}
+
+    def module_of(n: torch.fx.Node) -> str:
+        stack = n.meta.get("nn_module_stack")
+        if stack:
+            return str(list(stack.values())[-1][0])
+        return ""
+
+    for n in fx_nodes:
+        if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward":
+            seq = n.meta.get("seq_nr")
+            if seq is not None and seq not in seq_module:
+                seq_module[seq] = module_of(n)
+
+    placeholders = [n for n in fx_nodes if n.op == "placeholder"]
+    num_primals = P + B + num_inputs
+    primals, tangents = placeholders[:num_primals], placeholders[num_primals:]
+    if len(tangents) != 1:
+        raise TraceError(f"expected one tangent (the loss's gradient), found {len(tangents)}")
+    param_values: dict[str, str] = {}
+    buffer_values: dict[str, str] = {}
+    input_values: list[str] = []
+    for i, ph in enumerate(primals):
+        t = ph.meta["val"]
+        known = storage_of(t)
+        if known is not None:  # two primals on one storage (should not happen: tied are deduped)
+            alias(ph, known)
+            vid = known
+        else:
+            kind = "param" if i < P else ("buffer" if i < P + B else "input")
+            new_value(ph.name, t, ph, kind)
+            vid = ph.name
+        if i < P:
+            param_values[param_names[i]] = vid
+        elif i < P + B:
+            buffer_values[buffer_names[i - P]] = vid
+        else:
+            input_values.append(vid)
+    tangent = tangents[0]
+    new_value(tangent.name, tangent.meta["val"], tangent, "input")
+
+    # Outputs and their roles.
+    out_node = next(n for n in reversed(fx_nodes) if n.op == "output")
+    out_args = pytree.tree_leaves(out_node.args[0], is_leaf=lambda x: x is None)
+    # is_leaf keeps Nones; tree_leaves over fx Nodes yields nodes.
+    n_mut = len(mutated_buffers)
+    roles: list[tuple[str, str]] = []
+    for j in range(len(out_args)):
+        if j < n_mut:
+            roles.append(("buffer", mutated_buffers[j]))
+        elif j == n_mut:
+            roles.append(("loss", ""))
+        else:
+            k = j - n_mut - 1
+            if k < P and out_args[j] is not None:
+                roles.append(("grad", param_names[k]))
+            else:
+                roles.append(("none", ""))
+    buffer_out: dict[str, torch.fx.Node] = {}
+    grad_out: dict[str, torch.fx.Node] = {}
+    loss_out: torch.fx.Node | None = None
+    for (role, name), a in zip(roles, out_args, strict=True):
+        if role == "buffer":
+            buffer_out[name] = a
+        elif role == "grad":
+            grad_out[name] = a
+        elif role == "loss":
+            loss_out = a
+    if loss_out is None:
+        raise TraceError("the joint graph has no loss output")
+
+    attr_value: dict[str, str] = {}
+    ir_nodes: list[dict[str, Any]] = []
+    node_fx: dict[str, torch.fx.Node] = {}
+    for n in fx_nodes:
+        if n.op == "get_attr":
+            t = n.meta.get("val")
+            if t is None:
+                t = getattr(joint, str(n.target), None)
+            if isinstance(t, torch.Tensor):
+                known = attr_value.get(str(n.target)) or storage_of(t)
+                attr_value.setdefault(str(n.target), known or n.name)
+                if known is None:
+                    new_value(n.name, t, n, "buffer")
+                else:
+                    alias(n, known)
+            continue
+        if n.op != "call_function":
+            continue
+        val = n.meta.get("val")
+        if n.target is _getitem:
+            # A tuple element: its value was made with the multi-output op (or it aliases one).
+            if n.name not in fx_value and isinstance(val, torch.Tensor):
+                known = storage_of(val)
+                if known is not None:
+                    alias(n, known)
+            continue
+        outs = _tensors(val)
+        created: list[str] = []
+        multi = not isinstance(val, torch.Tensor)
+        for i, t in enumerate(outs):
+            if t is None:
+                continue
+            known = storage_of(t)
+            if known is not None:
+                if not multi:
+                    alias(n, known)
+                continue
+            base = _elem_node(n, i) if multi else n
+            vid = base.name if base is not None else f"{n.name}#{i}"
+            phase = "backward" if n.meta.get("partitioner_tag") == "is_backward" else "forward"
+            new_value(vid, t, base or n, "gradient" if phase == "backward" else "activation")
+            if base is None:
+                del fx_value[n.name]
+            created.append(vid)
+        if not created and outs:
+            continue  # a view or alias: folded into the nodes that read it
+        inputs: list[str] = []
+        for a in n.all_input_nodes:
+            vid = fx_value.get(a.name)
+            if vid is not None and vid not in inputs:
+                inputs.append(vid)
+        phase = "backward" if n.meta.get("partitioner_tag") == "is_backward" else "forward"
+        module = (
+            module_of(n) if phase == "forward" else seq_module.get(n.meta.get("seq_nr", -1), "")
+        )
+        flat_args = pytree.tree_map(_meta_val, list(n.args))
+        flat_kwargs = pytree.tree_map(_meta_val, dict(n.kwargs))
+        try:
+            flops = node_flops(n.target, flat_args, flat_kwargs, val)
+        except Exception:  # a formula that does not fit this call: count nothing
+            flops = 0
+        ir_nodes.append(
+            {
+                "id": n.name,
+                "name": n.name,
+                "op": _op_name(n.target),
+                "phase": phase,
+                "inputs": tuple(inputs),
+                "outputs": tuple(created),
+                "flops": flops,
+                "module": module,
+                "rng": _is_rng(n.target),
+                "recomputable": True,
+            }
+        )
+        node_fx[n.name] = n
+
+    # Roles of outputs.
+    def out_value(a: torch.fx.Node) -> str:
+        return fx_value[a.name]
+
+    loss_value = out_value(loss_out)
+    kinds[loss_value] = "loss"
+    grad_values: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    producer_phase = {o: nd["phase"] for nd in ir_nodes for o in nd["outputs"]}
+    for pname, a in grad_out.items():
+        vid = out_value(a)
+        if producer_phase.get(vid) != "backward" or vid in owner:
+            raise TraceError(
+                f"the gradient of parameter {pname!r} is not a fresh tensor made by the backward "
+                f"pass (it aliases value {vid!r}{' of ' + owner[vid] if vid in owner else ''}); "
+                "such models are not supported"
+            )
+        owner[vid] = pname
+        kinds[vid] = "gradient"
+        if requires_grad.get(pname, True):
+            grad_values[pname] = vid
+    buffer_updates: dict[str, str] = {}
+    side_effect_nodes: set[str] = set()
+    producer_of = {o: nd["id"] for nd in ir_nodes for o in nd["outputs"]}
+    for bname, a in buffer_out.items():
+        vid = out_value(a)
+        if vid not in producer_of:
+            raise TraceError(f"buffer {bname!r} is updated to an existing tensor {vid!r}")
+        kinds[vid] = "buffer"
+        buffer_updates[bname] = vid
+        side_effect_nodes.add(producer_of[vid])
+    for nd in ir_nodes:
+        if nd["id"] in side_effect_nodes:
+            nd["recomputable"] = False
+
+    values = [
+        Value(
+            id=vid,
+            size_bytes=int(t.untyped_storage().nbytes()),
+            kind=kinds[vid],  # type: ignore[arg-type]
+            shape=tuple(int(s) for s in t.shape),
+            dtype=_dtype_name(t.dtype),
+        )
+        for vid, t in value_base.items()
+    ]
+    required = [*grad_values.values(), loss_value]
+    static = _static_bytes(value_base, param_values, buffer_values, grad_values)
+    graph = Graph(
+        name=model_name,
+        nodes=[Node(**nd) for nd in ir_nodes],
+        values=values,
+        required=required,
+        static_bytes=static,
+    )
+    return Capture(
+        joint=joint,
+        graph=graph,
+        param_names=param_names,
+        buffer_names=buffer_names,
+        num_inputs=num_inputs,
+        input_spec=input_spec,
+        input_constants=input_constants,
+        node_fx=node_fx,
+        value_fx=value_fx,
+        value_aliases=value_aliases,
+        fx_value=fx_value,
+        param_values=param_values,
+        buffer_values=buffer_values,
+        input_values=input_values,
+        tangent_value=tangent.name,
+        loss_value=loss_value,
+        grad_values=grad_values,
+        buffer_updates=buffer_updates,
+        output_roles=roles,
+        fake=fake,
+        requires_grad=requires_grad,
+    )
+
+
+import operator  # noqa: E402
+
+_getitem = operator.getitem
+
+
+def _meta_val(x: Any) -> Any:
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _elem_node(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
+    """The ``getitem`` node that extracts element ``i`` of a multi-output node, if any."""
+    for u in n.users:
+        if u.target is _getitem and u.args[1] == i:
+            return u
+    return None
+
+
+def _static_bytes(
+    value_base: dict[str, torch.Tensor],
+    param_values: dict[str, str],
+    buffer_values: dict[str, str],
+    grad_values: dict[str, str],
+) -> int:
+    """Parameters, their gradients (one per parameter with requires_grad) and buffers."""
+    size = {vid: int(t.untyped_storage().nbytes()) for vid, t in value_base.items()}
+    params = set(param_values.values())
+    buffers = set(buffer_values.values())
+    grads = sum(size[param_values[p]] for p in grad_values)
+    return sum(size[v] for v in params) + sum(size[v] for v in buffers) + grads

@@ -1,0 +1,197 @@
+"""``trace``: a PyTorch model and its inputs to a costed :class:`remat.ir.Graph`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.ir import DeviceProfile, Graph
+from remat.tracer.capture import Capture, LossFn, TraceError, capture
+from remat.tracer.costs import Cost, apply_costs
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: LossFn | None = None,
+    *,
+    cost: Cost = "flops",
+    optimizer: torch.optim.Optimizer | None = None,
+    fake: bool = True,
+) -> Graph:
+    """Trace one training step of ``model`` into a costed graph.
+
+    Parameters
+    ----------
+    model
+        Any ``nn.Module`` on the CPU or the meta device; it is not modified.
+    example_inputs
+        A tensor or a tuple of the model's positional arguments.
+    loss_fn
+        ``loss_fn(output) -> scalar loss`` (targets closed over); None when the model returns
+        the loss itself.
+    cost
+        ``"flops"`` (default), ``"measure"``, a :class:`~remat.ir.DeviceProfile` or a profile
+        name (``"cpu"``, ``"a100"``, ``"h100"``, ``"h200"``); see :mod:`remat.tracer.costs`.
+    optimizer
+        When given, its state (real, or the state one step would create) is added to
+        ``static_bytes``.
+    fake
+        Trace on fake tensors (default): no memory the size of the model is needed.
+
+    Returns
+    -------
+    Graph
+        Nodes in the order of the unmodified step; required values are the gradients of the
+        parameters with ``requires_grad`` and the loss.
+
+    Raises
+    ------
+    TraceError
+        When the model cannot be traced (the message names the op and the module).
+    """
+    return trace_capture(
+        model, example_inputs, loss_fn, cost=cost, optimizer=optimizer, fake=fake
+    ).graph
+
+
+def trace_capture(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: LossFn | None = None,
+    *,
+    cost: Cost = "flops",
+    optimizer: torch.optim.Optimizer | None = None,
+    fake: bool = True,
+) -> Capture:
+    """As :func:`trace`, but return the whole :class:`Capture` (its ``graph`` is costed)."""
+    cap = capture(model, example_inputs, loss_fn, fake=fake)
+    graph = apply_costs(cap, cost, model=model, example_inputs=example_inputs)
+    if optimizer is not None:
+        extra = optimizer_state_bytes(optimizer, model)
+        graph = Graph(
+            name=graph.name,
+            nodes=graph.nodes,
+            values=graph.values,
+            required=graph.required,
+            static_bytes=graph.static_bytes + extra,
+            device=graph.device,
+        )
+    cap.graph = graph
+    return cap
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, model: nn.Module) -> int:
+    """Bytes of optimizer state for ``model``'s parameters.
+
+    The state already present is counted as is; when it is empty (no step taken yet), one step
+    of a fresh optimizer of the same class and settings is run on fake copies of the
+    parameters to see what state it creates, so nothing is allocated.
+    """
+    params = list(dict.fromkeys(p for g in optimizer.param_groups for p in g["params"]))
+    if any(optimizer.state.get(p) for p in params):
+        return _state_bytes(optimizer.state.values())
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            groups = []
+            for group in optimizer.param_groups:
+                fakes = []
+                for p in group["params"]:
+                    f = mode.from_tensor(p.detach()).requires_grad_(p.requires_grad)
+                    if p.requires_grad:
+                        f.grad = torch.zeros_like(f)
+                    fakes.append(f)
+                groups.append(
+                    {**{k: v for k, v in group.items() if k != "params"}, "params": fakes}
+                )
+            opt = type(optimizer)(groups, **optimizer.defaults)
+            opt.step()
+            return _state_bytes(opt.state.values())
+    except Exception as exc:  # an optimizer that cannot step on fake tensors
+        raise TraceError(
+            f"cannot size the state of optimizer {type(optimizer).__name__}: {exc}; "
+            "take one real step first so its state exists"
+        ) from exc
+
+
+def _state_bytes(states: Any) -> int:
+    seen: dict[int, int] = {}
+    for st in states:
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                seen.setdefault(id(v.untyped_storage()), int(v.untyped_storage().nbytes()))
+    return sum(seen.values())
+
+
+# -- MODULE:FUNCTION specs --------------------------------------------------------------------
+
+
+def load_spec(spec: str) -> tuple[nn.Module, Any, LossFn | None]:
+    """Import ``MODULE:FUNCTION`` (a dotted module or a ``.py`` path) and call the function.
+
+    It must return ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``.
+    """
+    if ":" not in spec:
+        raise ValueError(
+            f"expected MODULE:FUNCTION (e.g. examples/models.py:build_gpt), got {spec!r}"
+        )
+    target, _, func_name = spec.rpartition(":")
+    if not target or not func_name:
+        raise ValueError(f"expected MODULE:FUNCTION, got {spec!r}")
+    if target.endswith(".py") or "/" in target or Path(target).suffix == ".py":
+        path = Path(target)
+        if not path.is_file():
+            raise ValueError(f"no such file {target!r} in {spec!r}")
+        name = f"_remat_spec_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ValueError(f"cannot import {target!r}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        if "" not in sys.path and "." not in sys.path:
+            sys.path.insert(0, "")
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ValueError(f"cannot import module {target!r}: {exc}") from exc
+    fn = getattr(module, func_name, None)
+    if fn is None or not callable(fn):
+        raise ValueError(f"{target!r} has no function {func_name!r}")
+    result = fn()
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise ValueError(
+            f"{spec} must return (model, example_inputs) or (model, example_inputs, loss_fn), "
+            f"got {type(result).__name__}"
+        )
+    model, inputs = result[0], result[1]
+    loss_fn = result[2] if len(result) == 3 else None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{spec} returned {type(model).__name__} as the model, not an nn.Module")
+    return model, inputs, loss_fn
+
+
+def trace_spec(spec: str, *, cost: Cost = "flops", fake: bool = True) -> Graph:
+    """Load ``MODULE:FUNCTION`` (see :func:`load_spec`) and :func:`trace` what it returns."""
+    model, inputs, loss_fn = load_spec(spec)
+    return trace(model, inputs, loss_fn, cost=cost, fake=fake)
+
+
+__all__ = [
+    "DeviceProfile",
+    "load_spec",
+    "optimizer_state_bytes",
+    "trace",
+    "trace_capture",
+    "trace_spec",
+]
