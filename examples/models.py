@@ -161,13 +161,18 @@ def build_gpt(
     seed: int = 0,
     device: str = "cpu",
 ) -> Built:
-    """A GPT-style decoder; ``padding_mask=True`` adds a (batch, seq) bool mask as 2nd input."""
+    """A GPT-style decoder; ``padding_mask=True`` adds a (batch, seq) bool mask as 2nd input.
+
+    ``device`` is where the model is built (``"meta"`` for models too large to allocate); the
+    example inputs are on the CPU either way.
+    """
     torch.manual_seed(seed)
     with torch.device(device):
         model = GPT(vocab, seq, d_model, n_layers, n_heads, dropout)
     g = _generator(seed)
-    idx = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
-    targets = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    # Inputs stay on the CPU (they are small); a meta-device model traces as on the CPU.
+    idx = torch.randint(0, vocab, (batch, seq), generator=g)
+    targets = torch.randint(0, vocab, (batch, seq), generator=g)
 
     def loss_fn(logits: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
@@ -176,7 +181,7 @@ def build_gpt(
     if padding_mask:
         keep = torch.ones(batch, seq, dtype=torch.bool)
         keep[0, seq // 2 :] = False  # the first sequence is padded
-        inputs = (idx, keep.to(device))
+        inputs = (idx, keep)
     return model, inputs, loss_fn
 
 

@@ -147,10 +147,10 @@ def _default_step(model: nn.Module, example_inputs: Any, loss_fn: LossFn | None)
     )
 
     def step() -> None:
-        out = model(*args)
-        loss = loss_fn(out) if loss_fn is not None else out
+        # The model's output is not held past the loss: the IR frees it after its last use.
+        loss = loss_fn(model(*args)) if loss_fn is not None else model(*args)
         loss.backward()
-        del out, loss
+        del loss
 
     return step
 

@@ -239,6 +239,14 @@ class _OpRecorder(TorchFunctionMode):
             raise
 
 
+def _to_fake(mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """A fake CPU tensor like ``t``. Meta and accelerator tensors become CPU ones: kernels are
+    chosen as on the CPU, and fake CUDA tensors abort a CPU-only build in backward."""
+    if t.device.type != "cpu":
+        return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+    return mode.from_tensor(t.detach())
+
+
 def capture(
     model: nn.Module,
     example_inputs: Any,
@@ -270,12 +278,13 @@ def capture(
     flat_args, input_spec = pytree.tree_flatten(args)
     tensor_pos = [i for i, x in enumerate(flat_args) if isinstance(x, torch.Tensor)]
     input_constants = {i: x for i, x in enumerate(flat_args) if not isinstance(x, torch.Tensor)}
-    for i in tensor_pos:
-        if flat_args[i].device.type not in ("cpu", "meta"):
-            raise TraceError(
-                f"example input {i} is on {flat_args[i].device}: trace on the CPU (or meta) and "
-                "choose a device profile for the costs"
-            )
+    if not fake:
+        for i in tensor_pos:
+            if flat_args[i].device.type != "cpu":
+                raise TraceError(
+                    f"example input {i} is on {flat_args[i].device}: fake=False traces real CPU "
+                    "tensors only (fake=True accepts any device and traces as on the CPU)"
+                )
 
     named_params = list(model.named_parameters())
     named_buffers = list(model.named_buffers())
@@ -328,12 +337,10 @@ def capture(
     try:
         with mode, _eager_dropout(), fx_traceback.preserve_node_meta(), modules, recorder:
             prim: list[torch.Tensor] = []
-            for src in [p for _, p in named_params] + [b for _, b in named_buffers]:
-                t = mode.from_tensor(src) if fake else src.detach()
-                prim.append(t)
-            for i in tensor_pos:
-                x = flat_args[i]
-                prim.append(mode.from_tensor(x) if fake else x.detach())
+            sources = [p for _, p in named_params] + [b for _, b in named_buffers]
+            sources += [flat_args[i] for i in tensor_pos]
+            for src in sources:
+                prim.append(_to_fake(mode, src) if fake else src.detach())
             for t, (_, p) in zip(prim[:P], named_params, strict=True):
                 t.requires_grad_(p.requires_grad)
             versions = [t._version for t in prim]
@@ -557,9 +564,17 @@ def _to_ir(
             if t is None:
                 continue
             known = storage_of(t)
+            if known is None:
+                src = _aliased_input(n, i)
+                if src is not None:
+                    known = fx_value.get(src.name)
             if known is not None:
                 if not multi:
                     alias(n, known)
+                else:
+                    elem = _elem_node(n, i)
+                    if elem is not None:
+                        alias(elem, known)
                 continue
             base = _elem_node(n, i) if multi else n
             vid = base.name if base is not None else f"{n.name}#{i}"
@@ -687,6 +702,26 @@ _getitem = operator.getitem
 
 def _meta_val(x: Any) -> Any:
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _aliased_input(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
+    """The FX input that output ``i`` of ``n`` aliases according to the op's schema, if any."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None:
+        return None
+    returns = schema.returns
+    ret = returns[min(i, len(returns) - 1)]
+    if ret.alias_info is None or ret.alias_info.is_write:
+        return None
+    sets = set(ret.alias_info.before_set)
+    for k, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is None or not sets & set(info.before_set):
+            continue
+        value = n.args[k] if k < len(n.args) else n.kwargs.get(arg.name)
+        if isinstance(value, torch.fx.Node):
+            return value
+    return None
 
 
 def _elem_node(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
