@@ -235,12 +235,13 @@ class ErrorResponse(BaseModel):
     detail: str | list[ErrorItem]
 
 
-def check_magnitudes(graph: Graph) -> list[ErrorItem]:
-    """Numbers too large for any real step (see ``MAX_BYTES``), with the field named."""
+def check_magnitudes(graph: Graph, at: tuple[str, ...] = ("body",)) -> list[ErrorItem]:
+    """Numbers too large for any real step (see ``MAX_BYTES``), each with its field's path
+    (under ``at``, the graph's own path in the request)."""
     errs: list[ErrorItem] = []
 
     def bad(loc: list[str | int], msg: str) -> None:
-        errs.append(ErrorItem(loc=["body", "graph", *loc], msg=msg, type="value_error.too_large"))
+        errs.append(ErrorItem(loc=[*at, *loc], msg=msg, type="value_error.too_large"))
 
     if graph.static_bytes > MAX_BYTES:
         bad(["static_bytes"], f"static_bytes exceeds {MAX_BYTES}")

@@ -127,10 +127,11 @@ class Service:
     # -- graphs --------------------------------------------------------------------------------
 
     async def put_graph(
-        self, owner: str, graph: Graph, settings: Settings
+        self, owner: str, graph: Graph, settings: Settings, at: tuple[str, ...] = ("body",)
     ) -> tuple[str, dict[str, Any], bool]:
-        """Store ``graph`` for ``owner``: (id, summary, created)."""
-        self._check_graph(graph, settings, ["body"])
+        """Store ``graph`` for ``owner``: (id, summary, created). ``at`` is the graph's path in
+        the request, for error messages."""
+        self._check_graph(graph, settings, at)
         text = await asyncio.to_thread(graph.canonical_json)
         gid = hashlib.sha256(text.encode()).hexdigest()
         old = await asyncio.to_thread(self.store.graph_summary, owner, gid)
@@ -150,27 +151,27 @@ class Service:
         summary: dict[str, Any] = json.loads(text)
         return summary
 
-    def _check_graph(self, graph: Graph, settings: Settings, loc: list[str | int]) -> None:
+    def _check_graph(self, graph: Graph, settings: Settings, at: tuple[str, ...]) -> None:
         if graph.num_nodes > settings.max_nodes:
             raise ApiError(
                 422,
                 [
                     {
-                        "loc": [*loc, "graph", "nodes"],
+                        "loc": [*at, "nodes"],
                         "msg": f"the graph has {graph.num_nodes} nodes, more than the limit "
                         f"max_nodes={settings.max_nodes}",
                         "type": "limit.max_nodes",
                     }
                 ],
             )
-        errs = check_magnitudes(graph)
+        errs = check_magnitudes(graph, at)
         if errs:
             raise ApiError(422, [e.model_dump() for e in errs])
 
     async def _graph_of(self, owner: str, ref: GraphRef, settings: Settings) -> tuple[str, str]:
         """(graph id, canonical JSON) of an inline or stored graph; inline ones are stored."""
         if ref.graph is not None:
-            gid, _, _ = await self.put_graph(owner, ref.graph, settings)
+            gid, _, _ = await self.put_graph(owner, ref.graph, settings, ("body", "graph"))
         else:
             assert ref.graph_id is not None
             gid = ref.graph_id

@@ -9,16 +9,29 @@ until the server closes the pipe.
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
+import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    # A server killed with SIGKILL cannot stop its workers; a worker busy in a long solve would
+    # not notice the closed pipe until the solve ends, so it watches its parent instead.
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(0)
 
 
 def serve(rx: Connection, tx: Connection, plugins: list[str]) -> None:
     """Run tasks from ``rx`` until it closes, answering on ``tx``."""
     # The server handles Ctrl-C and stops its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     from remat.api.tasks import run_task
 
     for name in plugins:

@@ -1,0 +1,32 @@
+"""Fixtures for the service tests: real ``remat serve`` processes (see service_harness)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_harness import Server
+
+from remat.ir import Graph, synthetic
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A default server (2 workers, no keys) shared by the tests of one pytest process."""
+    s = Server(tmp_path_factory.mktemp("server")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of the test's own, not started (set ``env`` first)."""
+    s = Server(tmp_path)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def small_graph() -> Graph:
+    return synthetic.chain(8)

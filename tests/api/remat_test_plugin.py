@@ -1,0 +1,34 @@
+"""Solvers for the service tests only, loaded by the test server with ``--plugin``.
+
+``test-sleep`` takes ``sleep_s`` seconds (bounded by its time limit) and then answers like
+``checkpoint-all``: it makes a job that is reliably still running when a test cancels it or
+kills the server. ``test-crash`` kills its own process, as a segfaulting native solver would.
+Never imported by the test process itself, so the solver contract suite does not see them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from remat.ir import Graph, block_cuts, keep_plan
+from remat.solver.base import SolveResult, register, result_from_plan
+
+
+@register("test-sleep", kind="dag", summary="Test only: sleep, then keep block inputs")
+def solve_sleep(
+    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, sleep_s: float = 1.0
+) -> SolveResult:
+    t0 = time.perf_counter()
+    end = t0 + min(sleep_s, time_limit_s if time_limit_s is not None else sleep_s)
+    while time.perf_counter() < end:
+        time.sleep(0.05)
+    plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
+    return result_from_plan(graph, budget_bytes, plan, solver="test-sleep", started=t0)
+
+
+@register("test-crash", kind="baseline", summary="Test only: the worker process dies")
+def solve_crash(
+    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
+) -> SolveResult:
+    os._exit(13)
