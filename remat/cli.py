@@ -184,13 +184,13 @@ def _target_graph(target: str, cost: str) -> Graph:
     if ":" not in target:
         raise BadInput(f"{target}: not a graph JSON file nor a trace spec such as 'model.py:build'")
     try:
-        from remat.tracer import trace_spec  # type: ignore[attr-defined]
+        from remat.tracer import trace_spec
     except ImportError as exc:
         raise BadInput(f"tracing {target} needs torch and remat.tracer ({exc})") from None
     try:
         graph: Graph = trace_spec(target, cost=cost)
-    except (RematError, ValueError, ImportError, OSError, AttributeError) as exc:
-        raise BadInput(f"{target}: {exc}") from None
+    except Exception as exc:  # the user's model code failed: bad input, reported in one line
+        raise BadInput(f"cannot trace {target}: {type(exc).__name__}: {exc}") from None
     return graph
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -198,3 +199,21 @@ def test_request_errors_name_the_field(server: Server, small_graph: Graph) -> No
     r = h.post("/v1/graphs", json=wrong)
     assert r.status_code == 422 and fields(r)[0] == "body.nodes.0.time_s"
     h.close()
+
+
+def test_cli_solves_on_the_service(server: Server, small_graph: Graph, tmp_path: Path) -> None:
+    from remat.cli import main
+
+    f = tmp_path / "g.json"
+    f.write_text(small_graph.to_json())
+    out = tmp_path / "r.json"
+    argv = ["solve", str(f), "--budget", "90%", "--solver", "checkpoint-all", "--url", server.url]
+    assert main([*argv, "--out", str(out)]) == 0
+    from remat.solver.base import SolveResult
+
+    r = SolveResult.model_validate_json(out.read_text())
+    assert (
+        r.peak_bytes
+        == solvers.get("checkpoint-all")(small_graph, resolve_budget(small_graph, "90%")).peak_bytes
+    )
+    assert main([*argv[:-2], "--solver", "no-such", "--url", server.url]) == 2

@@ -1,0 +1,212 @@
+"""The ``remat`` command: exit codes (0 ok, 1 check failed, 2 bad input), outputs, reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from remat import solver as solvers
+from remat.cli import main
+from remat.ir import Graph, eager_plan, resolve_budget, simulate, synthetic
+from remat.solver.base import SolveResult
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return synthetic.chain(8)
+
+
+@pytest.fixture
+def graph_file(tmp_path: Path, graph: Graph) -> Path:
+    p = tmp_path / "g.json"
+    p.write_text(graph.to_json())
+    return p
+
+
+def test_solve_writes_the_result_with_its_plan(
+    graph: Graph, graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    code = main(
+        [
+            "solve",
+            str(graph_file),
+            "--budget",
+            "70%",
+            "--solver",
+            "checkpoint-all",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    r = SolveResult.model_validate_json(out.read_text())
+    local = solvers.get("checkpoint-all")(graph, resolve_budget(graph, "70%"))
+    assert r.plan == local.plan and r.peak_bytes == local.peak_bytes
+    assert "checkpoint-all (feasible)" in capsys.readouterr().out
+
+    assert main(["solve", str(graph_file), "--budget", "70%", "--solver", "none", "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["status"] == "infeasible" and "plan" not in printed
+
+
+def test_frontier(graph: Graph, graph_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "frontier",
+            str(graph_file),
+            "--budgets",
+            "100%,0.5,90000000",
+            "--solver",
+            "checkpoint-all",
+            "--json",
+        ]
+    )
+    assert code == 0
+    points = json.loads(capsys.readouterr().out)
+    assert [p["budget_bytes"] for p in points] == [
+        resolve_budget(graph, b) for b in ("100%", 0.5, 90000000)
+    ]
+
+
+def test_check_pass_fail_and_reports(
+    graph: Graph, graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    js, xml = tmp_path / "c.json", tmp_path / "c.xml"
+    ok = main(
+        [
+            "check",
+            str(graph_file),
+            "--budget",
+            "70%",
+            "--solver",
+            "checkpoint-all",
+            "--max-overhead",
+            "0.5",
+            "--json",
+            str(js),
+            "--junit",
+            str(xml),
+        ]
+    )
+    assert ok == 0
+    report = json.loads(js.read_text())
+    assert report["passed"] is True
+    assert report["no_remat_peak_bytes"] == simulate(graph, eager_plan(graph)).peak_bytes
+    suite = ET.parse(xml).getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "0"
+    assert "PASS" in capsys.readouterr().out
+
+    overhead = solvers.get("checkpoint-all")(graph, 10**12).overhead
+    assert overhead is not None and overhead > 0.1
+    slow = main(
+        [
+            "check",
+            str(graph_file),
+            "--budget",
+            "70%",
+            "--solver",
+            "checkpoint-all",
+            "--max-overhead",
+            "0.1",
+            "--junit",
+            str(xml),
+        ]
+    )
+    assert slow == 1
+    case = ET.parse(xml).getroot().find("testsuite/testcase")
+    assert case is not None and case.find("failure") is not None
+    assert "max-overhead" in case.find("failure").get("message", "")  # type: ignore[union-attr]
+
+    too_small = main(["check", str(graph_file), "--budget", "10%", "--json", str(js)])
+    assert too_small == 1
+    assert json.loads(js.read_text())["passed"] is False
+    assert "FAIL: no plan fits" in capsys.readouterr().out
+
+
+def test_report_replays_the_plan(
+    graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    assert (
+        main(["solve", str(graph_file), "--budget", "1.0", "--solver", "sqrt", "--out", str(out)])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["report", str(graph_file), "--result", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    r = SolveResult.model_validate_json(out.read_text())
+    assert data["plan"]["peak_bytes"] == r.peak_bytes
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["solve", "/no/such/file.json", "--budget", "1GiB"],
+        ["solve", "{graph}", "--budget", "12 parsecs"],
+        ["solve", "{graph}", "--budget", "-5"],
+        ["solve", "{graph}", "--budget", "1GiB", "--solver", "no-such-solver"],
+        ["solve", "{bad}", "--budget", "1GiB"],
+        ["check", "{graph}"],  # --budget missing
+        ["check", "not-a-file-or-spec", "--budget", "1GiB"],
+        ["report", "{graph}", "--result", "{graph}"],  # a graph is not a result
+        ["frontier", "{bad}"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    argv: list[str], graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    g = json.loads(graph_file.read_text())
+    g["nodes"][0]["inputs"] = ["ghost"]
+    bad.write_text(json.dumps(g))
+    args = [a.format(graph=graph_file, bad=bad) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip()
+    if "{bad}" in argv:
+        assert "ghost" in err  # the id at fault is named
+
+
+def test_console_script_entry_point(graph_file: Path) -> None:
+    # `python -m remat.cli` is what the `remat` script runs.
+    out = subprocess.run(
+        [sys.executable, "-m", "remat.cli", "check", str(graph_file), "--budget", "100%"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.returncode == 0, out.stderr
+    assert "PASS" in out.stdout
+
+
+MODEL = """
+import torch
+from torch import nn
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    return model, (torch.randn(8, 16),), lambda out: out.square().mean()
+"""
+
+
+def test_trace_and_check_a_model_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    model = tmp_path / "tiny_model.py"
+    model.write_text(MODEL)
+    spec = f"{model}:build"
+    out = tmp_path / "g.json"
+    assert main(["trace", spec, "--out", str(out)]) == 0
+    g = Graph.from_json(out.read_text())
+    assert g.num_nodes > 0 and g.static_bytes > 0
+    assert main(["check", spec, "--budget", "100%"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["trace", f"{model}:missing"]) == 2
