@@ -133,6 +133,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.head.weight = self.wte.weight  # weight tying
+        for emb in (self.wte, self.wpe):
+            nn.init.normal_(emb.weight, std=0.02)  # as GPT-2 does: small logits at the start
 
     def forward(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         T = idx.shape[1]

@@ -131,6 +131,11 @@ class Capture:
     fake: bool
     requires_grad: dict[str, bool] = field(default_factory=dict)
 
+    def run(self, primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> list[Any]:
+        """Run the joint graph; one result per :attr:`output_roles` entry (None where none)."""
+        out = self.joint(primals, tangents)
+        return list(pytree.tree_leaves(out, is_leaf=lambda x: x is None))
+
     def primals(self, model: nn.Module, example_inputs: Any) -> list[torch.Tensor]:
         """The joint graph's primal arguments for ``model`` and ``example_inputs`` (real)."""
         params = dict(model.named_parameters())
@@ -265,7 +270,9 @@ def capture(
     loss_fn
         ``loss_fn(output) -> scalar``; when None the model's output must be the scalar loss.
     fake
-        Trace on fake tensors (no memory the size of the model is allocated).
+        The capture always runs on fake tensors (as ``aot_function`` does), so no memory the
+        size of the model is allocated; ``fake=False`` only asserts that the model is real
+        (not on the meta device), as ``cost="measure"`` needs, and is recorded.
 
     Raises
     ------
@@ -279,11 +286,10 @@ def capture(
     tensor_pos = [i for i, x in enumerate(flat_args) if isinstance(x, torch.Tensor)]
     input_constants = {i: x for i, x in enumerate(flat_args) if not isinstance(x, torch.Tensor)}
     if not fake:
-        for i in tensor_pos:
-            if flat_args[i].device.type != "cpu":
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.device.type == "meta":
                 raise TraceError(
-                    f"example input {i} is on {flat_args[i].device}: fake=False traces real CPU "
-                    "tensors only (fake=True accepts any device and traces as on the CPU)"
+                    f"fake=False needs real tensors, but {name!r} is on the meta device"
                 )
 
     named_params = list(model.named_parameters())
@@ -333,14 +339,16 @@ def capture(
 
     modules = _ModuleTracker(model)
     recorder = _OpRecorder(modules)
-    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    # aot_function traces on fake tensors in any case (it makes its own FakeTensorMode for real
+    # inputs, one that rejects the real tensors a model closes over); ours accepts them.
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with mode, _eager_dropout(), fx_traceback.preserve_node_meta(), modules, recorder:
             prim: list[torch.Tensor] = []
             sources = [p for _, p in named_params] + [b for _, b in named_buffers]
             sources += [flat_args[i] for i in tensor_pos]
             for src in sources:
-                prim.append(_to_fake(mode, src) if fake else src.detach())
+                prim.append(_to_fake(mode, src))
             for t, (_, p) in zip(prim[:P], named_params, strict=True):
                 t.requires_grad_(p.requires_grad)
             versions = [t._version for t in prim]

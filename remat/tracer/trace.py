@@ -43,7 +43,8 @@ def trace(
         When given, its state (real, or the state one step would create) is added to
         ``static_bytes``.
     fake
-        Trace on fake tensors (default): no memory the size of the model is needed.
+        Tracing always runs on fake tensors, so no memory the size of the model is needed (a
+        model on the meta device traces too); ``fake=False`` asserts that the model is real.
 
     Returns
     -------
