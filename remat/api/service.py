@@ -229,7 +229,7 @@ class Service:
         t = self._time_limit(req.time_limit_s, settings, settings.default_time_limit_s)
         gid, text = await self._graph_of(owner, req, settings)
         params = {"budget": budget, "solver": name, "time_limit_s": t, "options": req.options}
-        task = {"kind": "solve", **params, "budget": req.budget, "graph": text}
+        task = {"kind": "solve", **params, "budget": req.budget, "graph": text, "graph_id": gid}
         return gid, self._key("solve", gid, params), task, t
 
     async def prepare_frontier(
@@ -252,7 +252,7 @@ class Service:
         t = self._time_limit(req.time_limit_s, settings, per_point)
         gid, text = await self._graph_of(owner, req, settings)
         params = {"budgets": norm, "solver": name, "time_limit_s": t, "options": req.options}
-        task = {"kind": "frontier", **params, "budgets": specs, "graph": text}
+        task = {"kind": "frontier", **params, "budgets": specs, "graph": text, "graph_id": gid}
         return gid, self._key("frontier", gid, params), task, t * len(specs)
 
     # -- running -------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ class Service:
     ) -> JobRecord:
         """Accept a job (written before it is answered); 429 when the queue is full."""
         now = time.time()
-        stored = {k: v for k, v in task.items() if k != "graph"}
+        stored = {k: v for k, v in task.items() if k != "graph"}  # the store has the graph
         stored["deadline_s"] = time_limit_s
         rec = JobRecord(
             id=uuid.uuid4().hex,

@@ -9,6 +9,7 @@ shows once the graph is in hand (a budget fraction, an option the solver rejects
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,26 @@ class TaskError(Exception):
         self.loc = loc
         self.msg = msg
         self.type = type_
+
+
+_GRAPHS: OrderedDict[str, Graph] = OrderedDict()
+_GRAPHS_KEPT = 4
+
+
+def _graph(task: dict[str, Any]) -> Graph:
+    # A worker often solves the same stored graph again (another budget, a frontier): keep the
+    # last few parsed, keyed by content hash, since parsing a large graph costs more than some
+    # solves. Tasks without a ``graph_id`` are parsed every time.
+    gid = task.get("graph_id")
+    if gid is not None and gid in _GRAPHS:
+        _GRAPHS.move_to_end(gid)
+        return _GRAPHS[gid]
+    graph = Graph.from_json(task["graph"])
+    if gid is not None:
+        _GRAPHS[gid] = graph
+        while len(_GRAPHS) > _GRAPHS_KEPT:
+            _GRAPHS.popitem(last=False)
+    return graph
 
 
 def _resolve(graph: Graph, spec: Any, loc: list[str | int]) -> int:
@@ -70,7 +91,7 @@ def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: flo
 def run_solve(task: dict[str, Any], progress: Progress | None = None) -> str:
     """Solve ``task`` (graph JSON, budget, solver, time limit, options); result JSON text."""
     started = time.perf_counter()
-    graph = Graph.from_json(task["graph"])
+    graph = _graph(task)
     budget_bytes = _resolve(graph, task["budget"], ["body", "budget"])
     if progress is not None:
         if solvers.info(task["solver"]).kind != "baseline":
@@ -85,7 +106,7 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> str:
     from remat.api.schemas import FrontierPoint, FrontierResult
 
     started = time.perf_counter()
-    graph = Graph.from_json(task["graph"])
+    graph = _graph(task)
     specs = task["budgets"] or DEFAULT_FRONTIER
     budgets = [_resolve(graph, s, ["body", "budgets", i]) for i, s in enumerate(specs)]
     eager = simulate(graph, eager_plan(graph))
@@ -125,20 +146,9 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> str:
     ).model_dump_json()
 
 
-def run_summary(task: dict[str, Any], progress: Progress | None = None) -> str:
-    """Summary of a graph with its no-remat peak (for ``POST /v1/graphs``)."""
-    import json
-
-    graph = Graph.from_json(task["graph"])
-    s = graph.summary()
-    s["no_remat_peak_bytes"] = simulate(graph, eager_plan(graph)).peak_bytes
-    return json.dumps(s)
-
-
 RUNNERS: dict[str, Callable[[dict[str, Any], Progress | None], str]] = {
     "solve": run_solve,
     "frontier": run_frontier,
-    "summary": run_summary,
 }
 
 

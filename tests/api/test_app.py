@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)  # starlette's note about httpx2
+    warnings.simplefilter("ignore")  # starlette's note about httpx2
     from fastapi.testclient import TestClient
 
 from remat.api import Settings, create_app, get_settings
