@@ -34,7 +34,7 @@ from remat.api.schemas import (
 )
 from remat.api.settings import Settings
 from remat.api.store import UNFINISHED, JobKind, JobRecord, Store
-from remat.api.tasks import DEFAULT_FRONTIER
+from remat.api.tasks import DEFAULT_FRONTIER, PROGRESS_OPTION
 from remat.ir import Graph, RematError, eager_plan, parse_bytes, simulate
 
 log = logging.getLogger("remat.api")
@@ -196,7 +196,7 @@ class Service:
         except RematError as exc:
             raise field_error(["body", "solver"], str(exc), "unknown_solver") from None
         for opt in options:
-            if opt not in si.options:
+            if opt not in si.options or opt == PROGRESS_OPTION:
                 known = ", ".join(si.options) or "none"
                 raise field_error(
                     ["body", "options", opt],

@@ -59,10 +59,34 @@ def _resolve(graph: Graph, spec: Any, loc: list[str | int]) -> int:
         raise TaskError(loc, str(exc)) from None
 
 
-def _solve(graph: Graph, budget_bytes: int, task: dict[str, Any]) -> SolveResult:
+PROGRESS_OPTION = "progress"
+"""A solver whose signature has a keyword ``progress`` gets a callable to report incumbents:
+``progress(result)`` with a :class:`SolveResult` (its plan, ``lower_bound_s`` and ``gap``). A job
+shows the latest as its progress. Clients cannot set this option."""
+
+
+def _solve(
+    graph: Graph, budget_bytes: int, task: dict[str, Any], progress: Progress | None = None
+) -> SolveResult:
+    options = dict(task["options"])
+    if progress is not None and PROGRESS_OPTION in solvers.info(task["solver"]).options:
+        started = time.perf_counter()
+
+        def report(r: SolveResult) -> None:
+            progress(
+                {
+                    "stage": "solving",
+                    "elapsed_s": time.perf_counter() - started,
+                    "best": r.model_dump(mode="json"),
+                    "lower_bound_s": r.lower_bound_s,
+                    "gap": r.gap,
+                }
+            )
+
+        options[PROGRESS_OPTION] = report
     try:
         return solvers.get(task["solver"])(
-            graph, budget_bytes, time_limit_s=task["time_limit_s"], **task["options"]
+            graph, budget_bytes, time_limit_s=task["time_limit_s"], **options
         )
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
@@ -98,7 +122,7 @@ def run_solve(task: dict[str, Any], progress: Progress | None = None) -> str:
             _incumbent(graph, budget_bytes, progress, started)
         else:
             progress({"stage": "solving", "elapsed_s": time.perf_counter() - started})
-    return _solve(graph, budget_bytes, task).model_dump_json()
+    return _solve(graph, budget_bytes, task, progress).model_dump_json()
 
 
 def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> str:

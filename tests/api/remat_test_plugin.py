@@ -1,7 +1,7 @@
 """Solvers for the service tests only, loaded by the test server with ``--plugin``.
 
-``test-sleep`` takes ``sleep_s`` seconds (bounded by its time limit) and then answers like
-``checkpoint-all``: it makes a job that is reliably still running when a test cancels it or
+``test-sleep`` reports an incumbent through ``progress``, takes ``sleep_s`` seconds (bounded by
+its time limit) and then answers like ``checkpoint-all``: it makes a job that is reliably still running when a test cancels it or
 kills the server. ``test-crash`` kills its own process, as a segfaulting native solver would.
 Never imported by the test process itself, so the solver contract suite does not see them.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from remat.ir import Graph, block_cuts, keep_plan
 from remat.solver.base import SolveResult, register, result_from_plan
@@ -17,14 +18,24 @@ from remat.solver.base import SolveResult, register, result_from_plan
 
 @register("test-sleep", kind="dag", summary="Test only: sleep, then keep block inputs")
 def solve_sleep(
-    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, sleep_s: float = 1.0
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit_s: float | None = None,
+    sleep_s: float = 1.0,
+    progress: Callable[[SolveResult], None] | None = None,
 ) -> SolveResult:
+    """Reports its answer as an incumbent (with a made-up bound of 90% of its time) first."""
     t0 = time.perf_counter()
+    plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
+    result = result_from_plan(graph, budget_bytes, plan, solver="test-sleep", started=t0)
+    if progress is not None and result.total_time_s is not None:
+        bound = 0.9 * result.total_time_s
+        progress(result.model_copy(update={"lower_bound_s": bound, "gap": 1 / 0.9 - 1}))
     end = t0 + min(sleep_s, time_limit_s if time_limit_s is not None else sleep_s)
     while time.perf_counter() < end:
         time.sleep(0.05)
-    plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
-    return result_from_plan(graph, budget_bytes, plan, solver="test-sleep", started=t0)
+    return result
 
 
 @register("test-crash", kind="baseline", summary="Test only: the worker process dies")

@@ -27,7 +27,7 @@ def test_health_and_solvers(client: Client) -> None:
     # Everything the registry has (plus the test plugin's solvers, loaded in the server only).
     assert set(solvers.available()) <= set(listed)
     assert {"test-sleep", "test-crash"} <= set(listed)
-    assert listed["test-sleep"].options == ["sleep_s"]
+    assert listed["test-sleep"].options == ["sleep_s"]  # "progress" is not the client's to set
 
 
 def test_round_trip_matches_local_solve(client: Client, small_graph: Graph) -> None:
@@ -94,15 +94,16 @@ def test_cancel_a_running_job(client: Client, small_graph: Graph) -> None:
         small_graph, "90%", solver="test-sleep", options={"sleep_s": 300}, time_limit_s=600
     )
 
-    def running_with_incumbent() -> bool:
+    def running_with_bound() -> bool:
         j = client.job(job.id)
-        return j.status == "running" and j.progress is not None and j.progress.best is not None
+        return j.status == "running" and j.progress is not None and j.progress.gap is not None
 
-    wait_for(running_with_incumbent)
-    best = client.job(job.id).progress.best  # type: ignore[union-attr]
-    assert (
-        best is not None and best.plan is not None
-    )  # the best plan so far, before the solver ends
+    # The best plan so far, with its bound and gap, while the solver still runs.
+    wait_for(running_with_bound)
+    progress = client.job(job.id).progress
+    assert progress is not None and progress.best is not None and progress.best.plan is not None
+    assert progress.best.solver == "test-sleep" and progress.best.total_time_s is not None
+    assert progress.lower_bound_s == pytest.approx(0.9 * progress.best.total_time_s)
     cancelled = client.cancel(job.id)
     assert cancelled.status == "cancelled"
     with pytest.raises(ServiceError) as e:
@@ -174,6 +175,11 @@ def test_request_errors_name_the_field(server: Server, small_graph: Graph) -> No
         json={"graph_id": gid, "budget": 1, "solver": "none", "options": {"colour": "red"}},
     )
     assert r.status_code == 422 and fields(r) == ["body.options.colour"]
+    r = h.post(
+        "/v1/solve",
+        json={"graph_id": gid, "budget": 1, "solver": "test-sleep", "options": {"progress": 1}},
+    )
+    assert r.status_code == 422 and fields(r) == ["body.options.progress"]
     r = h.post("/v1/solve", json={"graph_id": gid, "budget": 1, "time_limit_s": -3})
     assert r.status_code == 422 and fields(r) == ["body.time_limit_s"]
     r = h.post(

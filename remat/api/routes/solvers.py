@@ -8,6 +8,7 @@ from remat import solver as solvers
 from remat.api.auth import Owner
 from remat.api.deps import ERRORS
 from remat.api.schemas import SolverDescription, SolverList
+from remat.api.tasks import PROGRESS_OPTION
 
 router = APIRouter(prefix="/v1", tags=["solvers"], responses=ERRORS)
 
@@ -26,7 +27,7 @@ async def list_solvers(owner: Owner) -> SolverList:
                 kind=si.kind,
                 exact=si.exact,
                 summary=si.summary,
-                options=list(si.options),
+                options=[o for o in si.options if o != PROGRESS_OPTION],
             )
         )
     return SolverList(default=default, solvers=out)
