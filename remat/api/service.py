@@ -341,6 +341,7 @@ class Service:
 
     async def _run_job(self, job_id: str) -> None:
         admitted = True
+        prev_attempts: int | None = None
         try:
             rec = await asyncio.to_thread(self.store.job, job_id)
             assert rec is not None
@@ -353,6 +354,7 @@ class Service:
                 await self._finish(job_id, status="failed", error="its graph is no longer stored")
                 return
             task["graph"] = graph
+            prev_attempts = rec.attempts
             attempt = rec.attempts + 1
             started = time.monotonic()
             store = self.store
@@ -378,7 +380,17 @@ class Service:
             if job_id in self._cancelling:
                 self._cancelling.discard(job_id)
                 return
-            raise  # shutting down: the job stays queued/running for the next start
+            if prev_attempts is not None:
+                # An orderly shutdown is not the job's fault: it goes back to the queue without
+                # using up an attempt, and the next start runs it.
+                self.store.update_job(
+                    job_id,
+                    status="queued",
+                    attempts=prev_attempts,
+                    message="the server shut down while it ran; re-queued",
+                    only_if=("running",),
+                )
+            raise
         except WorkerCrashed as exc:
             await self._finish(job_id, status="failed", error=str(exc))
             return

@@ -42,3 +42,20 @@ def test_job_out_of_attempts_is_failed_with_the_reason(
         assert "server restart" in (job.error or "") and "job_max_attempts=1" in (job.error or "")
         # The server itself is fine and serves new work.
         assert c.solve(small_graph, "90%", solver="checkpoint-all").fits
+
+
+def test_orderly_shutdown_requeues_without_using_an_attempt(
+    fresh_server: Server, small_graph: Graph
+) -> None:
+    fresh_server.env = {"REMAT_JOB_MAX_ATTEMPTS": "1"}
+    fresh_server.start()
+    with Client(fresh_server.url) as c:
+        job = c.submit(
+            small_graph, "90%", solver="test-sleep", options={"sleep_s": 1.0}, time_limit_s=600
+        )
+        wait_for(lambda: c.job(job.id).status == "running")
+    fresh_server.stop()  # SIGTERM: the lifespan's shutdown runs
+    fresh_server.start()
+    with Client(fresh_server.url) as c:
+        c.wait(job.id, timeout_s=120, poll_s=0.05)
+        assert c.job(job.id).attempts == 1  # with one attempt allowed, it still ran to the end
