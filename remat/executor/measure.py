@@ -140,15 +140,19 @@ class LiveStorageTracker(TorchDispatchMode):
 
 
 def _default_step(model: nn.Module, example_inputs: Any, loss_fn: LossFn | None) -> StepFn:
-    args = (
-        example_inputs
-        if isinstance(example_inputs, tuple)
-        else (tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,))
-    )
+    if isinstance(example_inputs, dict):
+        args: tuple[Any, ...] = ()
+        kwargs: dict[str, Any] = dict(example_inputs)
+    elif isinstance(example_inputs, (tuple, list)):
+        args, kwargs = tuple(example_inputs), {}
+    else:
+        args, kwargs = (example_inputs,), {}
 
     def step() -> None:
         # The model's output is not held past the loss: the IR frees it after its last use.
-        loss = loss_fn(model(*args)) if loss_fn is not None else model(*args)
+        out = model(*args, **kwargs)
+        loss = loss_fn(out) if loss_fn is not None else out
+        del out
         loss.backward()
         del loss
 

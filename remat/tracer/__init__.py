@@ -22,12 +22,15 @@ Public API
 
 The ``Capture`` object (stable API)
 -----------------------------------
-``cap.joint`` is a ``torch.fx.GraphModule``; ``cap.joint(primals, tangents)`` with
-``primals = cap.primals(model, example_inputs)`` (parameters in ``cap.param_names`` order, then
-buffers in ``cap.buffer_names`` order, then the flattened tensor inputs) and ``tangents =
-[torch.ones((), dtype=loss dtype)]`` returns ``[*updated buffers, loss, *one grad per primal]``
-(roles in ``cap.output_roles``). The graph is functional: buffer updates are returned, not
-applied (copy them into the buffers to reproduce the eager step).
+``cap.joint`` is a ``torch.fx.GraphModule``. ``cap.run(primals, tangents)`` runs it and returns
+one result per ``cap.output_roles`` entry: ``("buffer", name)`` updated buffers first, then
+``("loss", "")``, then one entry per primal, ``("grad", param name)`` or ``("none", "")``.
+``primals = cap.primals(model, example_inputs)`` are the parameters in ``cap.param_names``
+order, the buffers in ``cap.buffer_names`` order, then the flattened tensor inputs (a dict of
+keyword inputs is accepted); ``tangents = [torch.ones((), dtype=loss dtype)]``. The graph is
+functional: buffer updates are returned, not applied (copy them into the buffers to reproduce
+the eager step). Run on real tensors it gives the eager step's loss and gradients bit for bit
+on the CPU, dropout included (same seed), because dropout is traced as eager CPU runs it.
 
 IR <-> FX maps: ``cap.node_fx[node_id]`` is the FX node an IR node runs (IR node ids and names
 are FX node names). ``cap.value_fx[value_id]`` is the FX node whose result is the base tensor

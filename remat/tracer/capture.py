@@ -152,16 +152,18 @@ class Capture:
 # -- capture ----------------------------------------------------------------------------------
 
 
-def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+def _as_args(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional and keyword arguments: a tensor, a tuple/list (positional) or a dict
+    (keyword arguments, as Hugging Face models take them)."""
     if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    if isinstance(example_inputs, tuple):
-        return example_inputs
+        return (example_inputs,), {}
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
     raise TypeError(
-        "example_inputs must be a tensor or a tuple/list of the model's positional arguments, "
-        f"got {type(example_inputs).__name__}"
+        "example_inputs must be a tensor, a tuple/list of the model's positional arguments or "
+        f"a dict of its keyword arguments, got {type(example_inputs).__name__}"
     )
 
 
@@ -178,6 +180,21 @@ def _eager_dropout() -> Iterator[None]:
         if saved is not None:
             op.py_kernels[key] = saved
         op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def _allow_fake_constants() -> Iterator[None]:
+    """Let fake tensors a model closes over (a model built under FakeTensorMode, targets made
+    there) become graph constants: ``aot_function`` rejects them with "Unexpected fake buffer
+    _tensor_constant0", a check meant for compiled graphs that will run; ours is only read."""
+    import torch._dynamo.utils as dynamo_utils
+
+    saved = dynamo_utils.assert_no_fake_params_or_buffers
+    dynamo_utils.assert_no_fake_params_or_buffers = lambda gm: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dynamo_utils.assert_no_fake_params_or_buffers = saved
 
 
 class _ModuleTracker:
@@ -314,8 +331,10 @@ def capture(
         leaves = list(flat_args)
         for pos, t in zip(tensor_pos, flat[P + B :], strict=True):
             leaves[pos] = t
-        call_args = pytree.tree_unflatten(leaves, input_spec)
-        out = torch.func.functional_call(model, (params, buffers), tuple(call_args))
+        call_args, call_kwargs = pytree.tree_unflatten(leaves, input_spec)
+        out = torch.func.functional_call(
+            model, (params, buffers), tuple(call_args), dict(call_kwargs)
+        )
         loss = loss_fn(out) if loss_fn is not None else out
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             what = "loss_fn" if loss_fn is not None else "the model (no loss_fn given)"
@@ -343,7 +362,14 @@ def capture(
     # inputs, one that rejects the real tensors a model closes over); ours accepts them.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with mode, _eager_dropout(), fx_traceback.preserve_node_meta(), modules, recorder:
+        with (
+            mode,
+            _eager_dropout(),
+            _allow_fake_constants(),
+            fx_traceback.preserve_node_meta(),
+            modules,
+            recorder,
+        ):
             prim: list[torch.Tensor] = []
             sources = [p for _, p in named_params] + [b for _, b in named_buffers]
             sources += [flat_args[i] for i in tensor_pos]

@@ -156,6 +156,13 @@ def test_multiple_inputs_and_masks() -> None:
     cap = capture(model, inputs, loss_fn)
     assert len(cap.input_values) == 2
     assert [cap.graph.value(v).dtype for v in cap.input_values] == ["int64", "bool"]
+    # The same inputs as keyword arguments (a dict) give the same graph.
+    idx, mask = inputs
+    by_name = capture(model, {"idx": idx, "padding_mask": mask}, loss_fn)
+    assert by_name.graph.content_hash() == cap.graph.content_hash()
+    assert len(by_name.primals(model, {"idx": idx, "padding_mask": mask})) == len(
+        cap.primals(model, inputs)
+    )
 
 
 class MakesTensors(nn.Module):
@@ -233,7 +240,7 @@ def test_bad_loss_and_inputs_are_clear_errors() -> None:
     with pytest.raises(TraceError, match="scalar"):
         capture(model, inputs)  # logits, not a loss
     with pytest.raises(TypeError, match="example_inputs"):
-        capture(model, {"x": inputs[0]})
+        capture(model, "x")
 
 
 def test_trace_returns_a_valid_serialisable_graph() -> None:

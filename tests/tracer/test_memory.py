@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from examples.models import build_gpt, build_mlp, build_resnet, build_unet, build_vit
 from remat.executor import measure
@@ -66,4 +67,9 @@ def test_fake_and_real_and_meta_traces_agree() -> None:
     real = trace(model, inputs, loss_fn, fake=False)
     meta_model, meta_inputs, meta_loss = build_gpt(device="meta", **sizes)
     meta = trace(meta_model, meta_inputs, meta_loss)
+    # A model built under a FakeTensorMode of the user's, with fake inputs and targets: the
+    # loss closes over a fake tensor ("Unexpected fake buffer" in aot_function, worked around).
+    with FakeTensorMode():
+        user_fake = trace(*build_gpt(**sizes))
     assert fake.content_hash() == real.content_hash() == meta.content_hash()
+    assert user_fake.content_hash() == fake.content_hash()
