@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from remat import __version__
 from remat.api import errors
+from remat.api.body import install_openapi
 from remat.api.limits import BodyLimit
 from remat.api.pool import WorkerPool
 from remat.api.routes import frontier, graphs, health, jobs, solve, solvers
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     errors.install(app)
+    install_openapi(app)
     for module in (graphs, solve, jobs, frontier, solvers, health):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

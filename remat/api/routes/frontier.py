@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 
 from remat.api.auth import Owner
+from remat.api.body import documented, parsed
 from remat.api.deps import ERRORS, ServiceDep, SettingsDep
 from remat.api.routes.solve import wrap
 from remat.api.schemas import FrontierRequest, FrontierResponse, JobResponse
@@ -21,9 +24,13 @@ router = APIRouter(prefix="/v1", tags=["frontier"], responses=ERRORS)
         202: {"model": JobResponse, "description": "Total time limit above the cap: a job"},
         404: {"description": "Unknown graph_id"},
     },
+    openapi_extra=documented(FrontierRequest),
 )
 async def frontier(
-    req: FrontierRequest, owner: Owner, service: ServiceDep, settings: SettingsDep
+    req: Annotated[FrontierRequest, Depends(parsed(FrontierRequest))],
+    owner: Owner,
+    service: ServiceDep,
+    settings: SettingsDep,
 ) -> Response:
     """Solve at each budget (default: 100% down to 10% of the no-remat peak) and return the
     simulator's peak and time for each. ``time_limit_s`` is per budget; when the total exceeds

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Depends, Path, Response
 
 from remat.api.auth import Owner
+from remat.api.body import documented, parsed
 from remat.api.deps import ERRORS, ServiceDep, SettingsDep
 from remat.api.schemas import GraphId, GraphSummary
 from remat.ir import Graph
@@ -14,9 +15,13 @@ from remat.ir import Graph
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"], responses=ERRORS)
 
 
-@router.post("", response_model=GraphSummary, status_code=201)
+@router.post("", response_model=GraphSummary, status_code=201, openapi_extra=documented(Graph))
 async def create_graph(
-    graph: Graph, owner: Owner, service: ServiceDep, settings: SettingsDep, response: Response
+    graph: Annotated[Graph, Depends(parsed(Graph))],
+    owner: Owner,
+    service: ServiceDep,
+    settings: SettingsDep,
+    response: Response,
 ) -> GraphSummary:
     """Store a graph under the sha256 of its canonical JSON; posting it again returns the same
     id (status 200 instead of 201)."""

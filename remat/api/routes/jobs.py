@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from remat.api.auth import Owner
+from remat.api.body import documented, parsed
 from remat.api.deps import ERRORS, ServiceDep, SettingsDep
 from remat.api.schemas import JobList, JobResponse, SolveRequest
 from remat.api.service import job_response
@@ -17,9 +18,19 @@ JobId = Annotated[str, Path(max_length=200)]
 NOT_FOUND: dict[int | str, dict[str, str]] = {404: {"description": "No such job (for this key)"}}
 
 
-@router.post("", response_model=JobResponse, status_code=202, responses=NOT_FOUND)
+@router.post(
+    "",
+    response_model=JobResponse,
+    status_code=202,
+    responses=NOT_FOUND,
+    openapi_extra=documented(SolveRequest),
+)
 async def create_job(
-    req: SolveRequest, owner: Owner, service: ServiceDep, settings: SettingsDep, response: Response
+    req: Annotated[SolveRequest, Depends(parsed(SolveRequest))],
+    owner: Owner,
+    service: ServiceDep,
+    settings: SettingsDep,
+    response: Response,
 ) -> JobResponse:
     """Accept a solve as a job whatever its time limit; poll ``GET /v1/jobs/{id}``."""
     gid, key, task, t = await service.prepare_solve(owner, req, settings)

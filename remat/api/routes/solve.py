@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 
 from remat.api.auth import Owner
+from remat.api.body import documented, parsed
 from remat.api.deps import ERRORS, ServiceDep, SettingsDep
 from remat.api.schemas import JobResponse, SolveRequest, SolveResponse
 from remat.api.service import job_response
@@ -26,9 +29,13 @@ def wrap(graph_id: str, key: str, cached: bool, result_json: str) -> Response:
         202: {"model": JobResponse, "description": "Time limit above the synchronous cap: a job"},
         404: {"description": "Unknown graph_id"},
     },
+    openapi_extra=documented(SolveRequest),
 )
 async def solve(
-    req: SolveRequest, owner: Owner, service: ServiceDep, settings: SettingsDep
+    req: Annotated[SolveRequest, Depends(parsed(SolveRequest))],
+    owner: Owner,
+    service: ServiceDep,
+    settings: SettingsDep,
 ) -> Response:
     """Solve a graph (inline or by id) at a budget. Identical requests are answered from the
     store (``cached: true``). A time limit above ``sync_time_limit_s`` answers 202 with a job."""
