@@ -204,6 +204,8 @@ class WorkerPool:
                 return
             except WorkerCrashed as exc:
                 log.error("could not start a solver worker (try %d of 3): %s", attempt + 1, exc)
+                await asyncio.sleep(1.0)
+        log.error("running with one solver worker fewer")
         self.size -= 1
 
     def _release(self, w: _Worker) -> None:
@@ -214,9 +216,10 @@ class WorkerPool:
         else:
             self._idle.put_nowait(w)
 
-    def admit(self) -> None:
-        """Count one more waiting task, or raise :class:`QueueFull`."""
-        if self.waiting >= self.max_queue + max(0, self.size - self.busy):
+    def admit(self, *, force: bool = False) -> None:
+        """Count one more waiting task, or raise :class:`QueueFull` (never with ``force``: for
+        work accepted earlier, such as jobs recovered after a restart)."""
+        if not force and self.waiting >= self.max_queue + max(0, self.size - self.busy):
             raise QueueFull(self.max_queue)
         self.waiting += 1
 

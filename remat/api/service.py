@@ -121,7 +121,7 @@ class Service:
                 status="queued",
                 message=f"re-queued after a server restart (was {rec.status})",
             )
-            self.pool.waiting += 1  # accepted jobs are never refused for the queue limit
+            self.pool.admit(force=True)  # accepted jobs are never refused for the queue limit
             self._spawn_job(rec.id)
 
     # -- graphs --------------------------------------------------------------------------------
