@@ -56,3 +56,23 @@ def test_limits_come_from_the_settings_dependency() -> None:
         r = c.post("/v1/graphs", json=body)
         assert r.status_code == 201
         assert c.get("/openapi.json").json()["info"]["title"] == "remat"
+
+
+def test_service_client_and_cli_import_without_torch() -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # `import torch` now raises ImportError
+        import remat.api.app, remat.api.tasks, remat.api.worker, remat.client, remat.cli
+        from remat.api import Settings, create_app
+        create_app(Settings(db_url="memory://", workers=1)).openapi()
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
