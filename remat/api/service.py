@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -309,13 +310,8 @@ class Service:
         )
         hit = await self.cached(key)
         if hit is not None:
-            rec = JobRecord(
-                **{
-                    **rec.__dict__,
-                    "status": "done",
-                    "result": hit,
-                    "message": "answered from the store",
-                }
+            rec = dataclasses.replace(
+                rec, status="done", result=hit, message="answered from the store"
             )
             await asyncio.to_thread(self.store.create_job, rec)
             return rec

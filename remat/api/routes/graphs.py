@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Response
 from remat.api.auth import Owner
 from remat.api.body import documented, parsed
 from remat.api.deps import ERRORS, ServiceDep, SettingsDep
-from remat.api.schemas import GraphId, GraphSummary
+from remat.api.schemas import GraphSummary
 from remat.ir import Graph
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"], responses=ERRORS)
@@ -41,6 +41,3 @@ async def read_graph(
     """The summary of a stored graph: nodes, values, static bytes, no-remat peak."""
     summary = await service.graph_summary(owner, graph_id)
     return GraphSummary(id=graph_id, **summary)
-
-
-__all__ = ["GraphId", "router"]
