@@ -33,6 +33,7 @@ updated buffers and graph constants, ``loss``, ``gradient`` for values made in t
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -267,6 +268,11 @@ def _to_fake(mode: Any, t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cpu":
         return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
     return mode.from_tensor(t.detach())
+
+
+# Capture patches process-wide torch state for its duration (see _eager_dropout and
+# _allow_fake_constants): one capture at a time.
+_CAPTURE_LOCK = threading.Lock()
 
 
 def capture(
@@ -685,10 +691,11 @@ def _to_ir(
         if nd["id"] in side_effect_nodes:
             nd["recomputable"] = False
 
+    _hold_until_group_end(ir_nodes, node_fx, kinds)
     values = [
         Value(
             id=vid,
-            size_bytes=int(t.untyped_storage().nbytes()),
+            size_bytes=_storage_bytes(t, value_fx[vid]),
             kind=kinds[vid],  # type: ignore[arg-type]
             shape=tuple(int(s) for s in t.shape),
             dtype=_dtype_name(t.dtype),
@@ -736,6 +743,70 @@ _getitem = operator.getitem
 
 def _meta_val(x: Any) -> Any:
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _hold_until_group_end(
+    ir_nodes: list[dict[str, Any]], node_fx: dict[str, torch.fx.Node], kinds: dict[str, str]
+) -> None:
+    """Make each backward autograd node's inputs live until its last op, as in eager.
+
+    Eager autograd runs one backward node (e.g. ``BmmBackward``) as a unit: its saved tensors
+    and incoming gradients are released when the whole node has run. The joint graph spells the
+    node as several ops with the same ``seq_nr``; without this, a value read only by the first
+    of them would be freed between them, earlier than eager frees it. The last op of each such
+    run lists every dynamic value the run reads from outside.
+    """
+    i = 0
+    while i < len(ir_nodes):
+        nd = ir_nodes[i]
+        seq = node_fx[nd["id"]].meta.get("seq_nr")
+        j = i + 1
+        if nd["phase"] == "backward" and seq is not None:
+            while (
+                j < len(ir_nodes)
+                and ir_nodes[j]["phase"] == "backward"
+                and node_fx[ir_nodes[j]["id"]].meta.get("seq_nr") == seq
+            ):
+                j += 1
+        if j - i > 1:
+            made = {o for k in range(i, j) for o in ir_nodes[k]["outputs"]}
+            last = ir_nodes[j - 1]
+            extra = [
+                x
+                for k in range(i, j - 1)
+                for x in ir_nodes[k]["inputs"]
+                if x not in made and kinds.get(x) not in ("param", "buffer")
+            ]
+            merged = list(last["inputs"])
+            for x in extra:
+                if x not in merged:
+                    merged.append(x)
+            last["inputs"] = tuple(merged)
+        i = j
+
+
+# CPU loss kernels that compute the unreduced loss into their result tensor and then reduce it
+# in place: the scalar they return keeps a storage as large as the input. Fake tensors report 4
+# bytes; the eager step holds the full size until the loss is freed.
+_FULL_STORAGE_REDUCTIONS = frozenset(
+    {
+        "aten.mse_loss.default",
+        "aten.smooth_l1_loss.default",
+        "aten.soft_margin_loss.default",
+        "aten.binary_cross_entropy.default",
+    }
+)
+
+
+def _storage_bytes(t: torch.Tensor, fx: torch.fx.Node) -> int:
+    """Bytes of the storage of ``t`` (made by ``fx``) as the eager CPU kernel allocates it."""
+    nbytes = int(t.untyped_storage().nbytes())
+    if fx.op == "call_function" and _op_name(fx.target) in _FULL_STORAGE_REDUCTIONS:
+        src = fx.args[0].meta.get("val") if isinstance(fx.args[0], torch.fx.Node) else None
+        reduction = fx.args[2] if len(fx.args) > 2 else fx.kwargs.get("reduction", 1)
+        if isinstance(src, torch.Tensor) and reduction != 0:
+            nbytes = max(nbytes, int(src.numel() * t.element_size()))
+    return nbytes
 
 
 def _aliased_input(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
