@@ -6,3 +6,8 @@
 from remat.executor.measure import LiveStorageTracker, MemoryMeasurement, measure
 
 __all__ = ["LiveStorageTracker", "MemoryMeasurement", "measure"]
+
+from remat.executor.opexec import CompiledStep, ExecutorError, compile_step
+from remat.executor.verify import VerifyReport, verify
+
+__all__ += ["CompiledStep", "ExecutorError", "VerifyReport", "compile_step", "verify"]

@@ -1,0 +1,465 @@
+"""The op-level executor: a plan over a captured joint graph, compiled to one Python function.
+
+:func:`compile_step` captures the training step (:func:`remat.tracer.capture`, on fake tensors:
+nothing the size of the model is allocated, so the very first real step already keeps to the
+plan), checks that the plan belongs to the captured graph (:func:`remat.ir.simulate` must accept
+it), and generates the source of one function that runs the plan's steps in order:
+
+* ``compute(n)``: one call of the ATen op of FX node ``n``, assigned to the variables of the
+  storages it creates (``v_<value id>``). Views are never stored: an argument that is a view is
+  re-derived from its base inside the call expression, so the base's variable is the only
+  reference to a storage and ``del`` releases it.
+* ``free(v)``: ``del v_<v>``.
+* ``offload(v)``: a host copy (:class:`remat.executor.hostmem.HostMemory`), then ``del``.
+* ``prefetch(v)``: a device copy of the host copy (on a GPU, waited for before first use).
+
+Recomputed random ops replay the random numbers of their first computation: the generator's state
+is saved before the first computation of every random node that the plan computes more than
+once, and set (then restored) around each recomputation. First computations run in the graph's
+order, as in the eager step, so the random numbers are those of the unmodified model.
+
+Everything runs under ``torch.no_grad()``: the joint graph holds the backward ops explicitly. At
+the end, gradients go to the parameters' ``.grad`` (accumulated when one exists, as
+``loss.backward()`` does), buffer updates (batch-norm running statistics) are copied into the
+model's buffers as soon as they are made, and the detached loss is returned.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from remat.executor.hostmem import HostMemory, wait
+from remat.ir import Graph, InvalidPlanError, Plan, RematError, simulate
+from remat.ir.simulate import Simulation
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+class ExecutorError(RematError, ValueError):
+    """A plan cannot be run on this model (the message says why and what to do)."""
+
+
+def _plan_of(result: Any) -> Plan:
+    plan = result if isinstance(result, Plan) else getattr(result, "plan", None)
+    if not isinstance(plan, Plan):
+        status = getattr(result, "status", None)
+        raise ExecutorError(
+            "result has no plan to run"
+            + (f" (status {status!r}: {getattr(result, 'message', '')})" if status else "")
+        )
+    return plan
+
+
+def _ident(vid: str) -> str:
+    s = re.sub(r"\W", "_", vid)
+    if not s or s[0].isdigit() or keyword.iskeyword(s):
+        s = "_" + s
+    return s
+
+
+@dataclass
+class StepSource:
+    """The generated function's source and the globals it runs with."""
+
+    source: str
+    globals: dict[str, Any]
+    arg_values: list[str]
+    """IR value id of each positional argument (primals in capture order, then the tangent)."""
+    output_exprs: list[str]
+
+
+class _CodeGen:
+    """Generates the step function of one plan over one capture."""
+
+    def __init__(self, cap: Any, plan: Plan, device: torch.device) -> None:
+        self.cap = cap
+        self.graph: Graph = cap.graph
+        self.plan = plan
+        self.device = device
+        self.globals: dict[str, Any] = {
+            "torch": torch,
+            "_host": None,  # bound per compiled step
+            "_wait": wait,
+        }
+        self._const_ids: dict[int, str] = {}
+        self.lines: list[str] = []
+        base_of: dict[str, str] = {}
+        for vid, fx in cap.value_fx.items():
+            base_of[fx.name] = vid
+        self.base_of = base_of  # FX name -> value id, for FX nodes that are a storage's base
+
+    # -- literals and expressions -------------------------------------------------------------
+
+    def const(self, x: Any) -> str:
+        if x is None or isinstance(x, (bool, int, str)):
+            return repr(x)
+        if isinstance(x, float) and math.isfinite(x):
+            return repr(x)
+        if isinstance(x, torch.device) and x.type == "cpu" and self.device.type != "cpu":
+            x = self.device
+        if isinstance(x, torch.Tensor):
+            x = x.to(self.device)
+        key = id(x)
+        name = self._const_ids.get(key)
+        if name is None:
+            name = f"k_{len(self._const_ids)}"
+            self._const_ids[key] = name
+            self.globals[name] = x
+        return name
+
+    def arg(self, a: Any) -> str:
+        if isinstance(a, torch.fx.Node):
+            return self.expr(a)
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.arg(x) for x in a)
+            if isinstance(a, tuple):
+                return f"({inner},)" if len(a) == 1 else f"({inner})"
+            return f"[{inner}]"
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{k!r}: {self.arg(v)}" for k, v in a.items()) + "}"
+        return self.const(a)
+
+    def call(self, n: torch.fx.Node) -> str:
+        op = self.const(n.target)
+        parts = [self.arg(a) for a in n.args]
+        parts += [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
+        return f"{op}({', '.join(parts)})"
+
+    def expr(self, n: torch.fx.Node) -> str:
+        """An expression for FX node ``n``'s tensor from resident variables (views inlined)."""
+        vid = self.base_of.get(n.name)
+        if vid is not None and n.op in ("placeholder", "call_function"):
+            return f"v_{_ident(vid)}"
+        if n.op == "get_attr":
+            return self.const(_get_attr(self.cap.joint, str(n.target)))
+        if n.op != "call_function":
+            raise ExecutorError(f"cannot express FX node {n.name!r} ({n.op})")
+        if n.name in self.cap.node_fx:
+            raise ExecutorError(
+                f"FX node {n.name!r} is an op that makes new storage read as a whole; "
+                "the op-level executor cannot re-derive it"
+            )
+        if n.target is _getitem:
+            src = n.args[0]
+            assert isinstance(src, torch.fx.Node)
+            if src.name in self.cap.node_fx:
+                raise ExecutorError(
+                    f"element {n.args[1]} of op {src.name!r} aliases one of its inputs; "
+                    "the op-level executor does not support such ops yet"
+                )
+            return f"{self.expr(src)}[{n.args[1]!r}]"
+        return self.call(n)
+
+    # -- the function -----------------------------------------------------------------------
+
+    def generate(self) -> StepSource:
+        cap, graph = self.cap, self.graph
+        placeholders = [n for n in cap.joint.graph.nodes if n.op == "placeholder"]
+        arg_values = [cap.fx_value[p.name] for p in placeholders]
+        args = ", ".join(f"v_{_ident(v)}" for v in arg_values)
+        out = self.lines
+
+        # Which random nodes are computed more than once: save their generator state.
+        counts = self.plan.compute_counts()
+        replay = self._replayed(counts)
+        first_rng = list(
+            dict.fromkeys(
+                s.id for s in self.plan.steps if s.op == "compute" and graph.node(s.id).rng
+            )
+        )
+        graph_rng = [n.id for n in graph.nodes if n.rng and n.id in counts]
+        if first_rng != graph_rng:
+            warnings.warn(
+                "the plan computes random ops for the first time in another order than the "
+                "eager step: gradients are exact for the numbers drawn, but those numbers differ "
+                "from the unmodified model's",
+                stacklevel=3,
+            )
+
+        # Buffer updates: copied into the buffer right after the op that makes them, when no
+        # later op reads the buffer's old value.
+        buffer_of_update = {vid: name for name, vid in cap.buffer_updates.items()}
+        buffer_arg = {name: cap.buffer_values[name] for name in cap.buffer_updates}
+
+        # Last read of each value by a forward compute step. A buffer
+        # is updated in place in the eager step, so backward ops there read the new value: only
+        # a later forward read of the old value (a recomputation) delays the copy.
+        last_fwd_read: dict[str, int] = {}
+        for i, s in enumerate(self.plan.steps):
+            if s.op == "compute":
+                nd = graph.node(s.id)
+                for x in nd.inputs:
+                    if nd.phase == "forward":
+                        last_fwd_read[x] = i
+
+        done: set[str] = set()
+        pending_buffers: list[tuple[str, str]] = []
+        prefetched: dict[str, int] = {}
+        last_prefetch: dict[str, int] = {}
+        for i, s in enumerate(self.plan.steps):
+            if s.op == "prefetch":
+                last_prefetch[s.id] = i
+        ev_pending: set[str] = set()
+        lines = out
+        lines.append(f"def _remat_step({args}):")
+        for i, s in enumerate(self.plan.steps):
+            if s.op == "compute":
+                node = graph.node(s.id)
+                fx = cap.node_fx[s.id]
+                for x in node.inputs:
+                    if x in ev_pending:
+                        lines.append(f"    _wait(e_{_ident(x)}); e_{_ident(x)} = None")
+                        ev_pending.discard(x)
+                call = self.call(fx)
+                is_first = s.id not in done
+                if s.id in replay:
+                    st = f"rng_{_ident(s.id)}"
+                    get, put = self._rng_fns(fx)
+                    if is_first:
+                        lines.append(f"    {st} = {get}()")
+                        lines.append(f"    # compute {s.id} ({node.op})")
+                        self._emit_assign(fx, call)
+                    else:
+                        lines.append(f"    _saved = {get}(); {put}({st})")
+                        lines.append(f"    # recompute {s.id} ({node.op}), same random numbers")
+                        self._emit_assign(fx, call)
+                        lines.append(f"    {put}(_saved); del _saved")
+                else:
+                    lines.append(
+                        f"    # {'compute' if is_first else 'recompute'} {s.id} ({node.op})"
+                    )
+                    self._emit_assign(fx, call)
+                done.add(s.id)
+                for o in node.outputs:
+                    bname = buffer_of_update.get(o)
+                    if bname is None:
+                        continue
+                    old = buffer_arg[bname]
+                    if last_fwd_read.get(old, -1) > i:
+                        pending_buffers.append((old, o))
+                    else:
+                        # Later readers of the new value read the buffer itself, as in eager.
+                        lines.append(
+                            f"    v_{_ident(old)}.copy_({self.expr(cap.value_fx[o])}); "
+                            f"v_{_ident(o)} = v_{_ident(old)}  # buffer {bname}"
+                        )
+            elif s.op == "free":
+                lines.append(f"    del v_{_ident(s.id)}")
+            elif s.op == "offload":
+                v = _ident(s.id)
+                if s.id in prefetched:
+                    lines.append(f"    del v_{v}  # offload: the host copy is still valid")
+                elif last_prefetch.get(s.id, -1) < i:
+                    lines.append(f"    del v_{v}  # offload: never prefetched, no copy needed")
+                else:
+                    lines.append(f"    h_{v} = _host.offload(v_{v}); del v_{v}")
+                prefetched.setdefault(s.id, 0)
+            elif s.op == "prefetch":
+                v = _ident(s.id)
+                lines.append(f"    v_{v}, e_{v} = _host.prefetch(h_{v})")
+                if self.device.type == "cuda":
+                    ev_pending.add(s.id)
+                else:
+                    lines.append(f"    del e_{v}")
+                if last_prefetch[s.id] == i:
+                    lines.append(f"    del h_{v}")
+        for old, o in pending_buffers:
+            lines.append(f"    v_{_ident(old)}.copy_({self.expr(cap.value_fx[o])})")
+        out_node = next(n for n in reversed(list(cap.joint.graph.nodes)) if n.op == "output")
+        leaves = pytree.tree_leaves(out_node.args[0], is_leaf=lambda x: x is None)
+        exprs: list[str] = []
+        for (role, _name), a in zip(cap.output_roles, leaves, strict=True):
+            if role in ("loss", "grad") and isinstance(a, torch.fx.Node):
+                exprs.append(self.expr(a))
+            else:
+                exprs.append("None")
+        lines.append(f"    return [{', '.join(exprs)}]")
+        return StepSource("\n".join(lines) + "\n", self.globals, arg_values, exprs)
+
+    def _replayed(self, counts: Any) -> set[str]:
+        """Random nodes computed more than once: their generator state is saved and replayed."""
+        graph = self.graph
+        return {
+            nid
+            for nid, k in counts.items()
+            if k > 1 and graph.has_node(nid) and graph.node(nid).rng
+        }
+
+    def _emit_assign(self, fx: torch.fx.Node, call: str) -> None:
+        node = self.graph.node(fx.name)
+        val = fx.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            (o,) = node.outputs
+            self.lines.append(f"    v_{_ident(o)} = {call}")
+            return
+        self.lines.append(f"    _t = {call}")
+        for o in node.outputs:
+            base = self.cap.value_fx[o]
+            if base is fx:  # "n#i": an element that no getitem names
+                idx = int(o.rsplit("#", 1)[1])
+            else:
+                idx = int(base.args[1])
+            self.lines.append(f"    v_{_ident(o)} = _t[{idx}]")
+        self.lines.append("    del _t")
+
+    def _rng_fns(self, fx: torch.fx.Node) -> tuple[str, str]:
+        if self.device.type == "cuda":
+            dev = self.device
+            self.globals["_cuda_get_rng"] = lambda: torch.cuda.get_rng_state(dev)
+            self.globals["_cuda_set_rng"] = lambda s: torch.cuda.set_rng_state(s, dev)
+            return "_cuda_get_rng", "_cuda_set_rng"
+        return "torch.get_rng_state", "torch.set_rng_state"
+
+
+import operator  # noqa: E402
+
+_getitem = operator.getitem
+
+
+def _get_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class CompiledStep:
+    """A training step that runs one plan exactly. Call it like ``loss = step()``.
+
+    ``step(*inputs)`` runs on new inputs of the example inputs' shapes (tensors that ``loss_fn``
+    closes over, such as targets, were captured as constants of the step). Gradients are left in
+    the parameters' ``.grad``, buffers are updated, the detached loss is returned.
+    """
+
+    model: nn.Module
+    example_inputs: Any
+    capture: Any
+    plan: Plan
+    simulation: Simulation
+    source: str
+    host: HostMemory
+    device: torch.device
+    _fn: Callable[..., list[Any]] = field(repr=False)
+    _params: dict[str, torch.Tensor] = field(repr=False)
+
+    @property
+    def graph(self) -> Graph:
+        graph: Graph = self.capture.graph
+        return graph
+
+    def __call__(self, *inputs: Any) -> torch.Tensor:
+        ex = inputs if inputs else self.example_inputs
+        primals = self.capture.primals(self.model, ex)
+        loss_val = self.capture.joint.graph.find_nodes(op="placeholder")[-1].meta["val"]
+        tangent = torch.ones(tuple(loss_val.shape), dtype=loss_val.dtype, device=self.device)
+        with torch.no_grad():
+            outs = self._fn(*primals, tangent)
+            loss: torch.Tensor | None = None
+            for (role, name), t in zip(self.capture.output_roles, outs, strict=True):
+                if role == "loss":
+                    loss = t
+                elif role == "grad" and t is not None and name in self.capture.grad_values:
+                    p = self._params[name]
+                    if p.grad is None:
+                        p.grad = t
+                    else:
+                        p.grad += t
+        del outs
+        assert loss is not None
+        return loss
+
+    def time_step(self, *, repeats: int = 3) -> float:
+        """Median wall-clock seconds of ``repeats`` steps (gradients are reset before each)."""
+        times = []
+        for _ in range(repeats):
+            for p in self._params.values():
+                p.grad = None
+            t0 = time.perf_counter()
+            self()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+
+def compile_step(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: LossFn | None,
+    result: Any,
+    *,
+    capture: Any = None,
+) -> CompiledStep:
+    """Compile the plan of ``result`` (a :class:`~remat.solver.SolveResult` or a
+    :class:`~remat.ir.Plan`) into a training step of ``model``.
+
+    Parameters
+    ----------
+    model, example_inputs, loss_fn
+        As given to :func:`remat.trace` for the graph that the plan was solved on. The model may
+        live on a GPU; it is traced as on the CPU.
+    result
+        The solve result (or plan) to run.
+    capture
+        A :class:`remat.tracer.Capture` of this step (e.g. from ``remat.tracer.trace_capture``),
+        to skip capturing again.
+
+    Returns
+    -------
+    CompiledStep
+        ``step()`` runs one training step with the plan; ``step.source`` is the generated code.
+
+    Raises
+    ------
+    ExecutorError
+        When ``result`` has no plan, or the plan does not belong to this model's traced graph.
+    """
+    plan = _plan_of(result)
+    if capture is None:
+        from remat.tracer import capture as capture_fn
+
+        capture = capture_fn(model, example_inputs, loss_fn)
+    graph: Graph = capture.graph
+    try:
+        sim = simulate(graph, plan, host_bandwidth_bytes_per_s=math.inf)
+    except InvalidPlanError as exc:
+        raise ExecutorError(
+            f"the plan does not fit this model's traced graph ({graph.name}, "
+            f"{graph.num_nodes} nodes): {exc}. Solve on remat.trace() of the same model, inputs "
+            "and loss_fn"
+        ) from exc
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device if params else torch.device("cpu")
+    gen = _CodeGen(capture, plan, device)
+    src = gen.generate()
+    host = HostMemory(device)
+    g = dict(src.globals)
+    g["_host"] = host
+    code = compile(src.source, f"<remat step {graph.name}>", "exec")
+    exec(code, g)  # our own generated source
+    return CompiledStep(
+        model=model,
+        example_inputs=example_inputs,
+        capture=capture,
+        plan=plan,
+        simulation=sim,
+        source=src.source,
+        host=host,
+        device=device,
+        _fn=g["_remat_step"],
+        _params=params,
+    )
