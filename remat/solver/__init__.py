@@ -14,7 +14,7 @@ from typing import Any
 
 from remat.ir import Graph
 from remat.ir.budget import BudgetSpec, resolve_budget
-from remat.solver import baselines
+from remat.solver import baselines, milp, rotor
 from remat.solver.base import (
     Solver,
     SolveResult,

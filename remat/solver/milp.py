@@ -1,0 +1,630 @@
+"""Checkmate's exact MILP for rematerialization over the op graph.
+
+The step is split into ``T = num_nodes`` *stages*: stage ``t`` may recompute earlier nodes, in
+graph order, and then computes node ``t`` for the first time (the frontier advances by one node
+per stage, Checkmate's "frontier-advancing" partial order). Binary variables:
+
+* ``R[t, k]``: node ``k`` runs in stage ``t`` (``R[t, t] = 1``);
+* ``S[t, v]``: value ``v`` is on the device when stage ``t`` starts;
+
+and continuous ones: ``F[t, v, k]`` (``v`` is freed right after node ``k`` in stage ``t``, allowed
+only when nothing later in the stage reads it and it is not kept into stage ``t + 1``),
+``A[t, v]`` (a recomputation of a multi-output node allocates ``v``, i.e. ``v`` was not resident)
+and ``U[t, k]`` (dynamic bytes while node ``k`` of stage ``t`` runs, the recurrence of the paper).
+The objective is the sum of node times over all ``R``.
+
+Memory is the simulator's model (``remat.ir.simulate``) without offloading: inputs are always
+there, outputs are allocated when a node runs, workspace counts while it runs, a value is freed
+after its last read in a stage unless it is kept. The plan extracted from a solution frees
+exactly where the model allows, so its simulated peak and time equal the model's figures.
+
+Standard reductions keep the model small and lose no optimal schedule of this class:
+
+* a node whose output is required (the loss) or that has side effects runs exactly once;
+* a value produced by a node that cannot run again is kept from its computation to its last
+  reader (its ``S`` are constants);
+* ``S[t, v]`` exists only up to the last stage in which ``v`` or something recomputed from it can
+  still be read; a recomputation is only allowed when one of its outputs is read later in the
+  stage or kept; a value is only kept into a stage that reads it or keeps it further; a
+  single-output node is never recomputed while its output is resident.
+
+Two further restrictions, on by default for large graphs only, shrink the model at the price of
+exactness over the whole class: ``recompute_backward`` (may backward nodes run again?) and
+``recompute_in_forward`` (may stages of forward nodes recompute?).
+
+References
+----------
+P. Jain, A. Jain, A. Nrusimha, A. Gholami, P. Abbeel, K. Keutzer, I. Stoica, J. E. Gonzalez.
+"Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization." MLSys 2020.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from remat.ir import Graph, InvalidPlanError, Plan, Step, eager_plan, keep_plan
+from remat.solver._mip import Backend, MipSolution, SparseModel
+from remat.solver.base import (
+    SolveResult,
+    best_of,
+    infeasible_result,
+    register,
+    result_from_plan,
+)
+
+# A reference to a model quantity: (column, 0.0) for a variable, (-1, value) for a constant.
+Ref = tuple[int, float]
+ZERO: Ref = (-1, 0.0)
+ONE: Ref = (-1, 1.0)
+
+SMALL_GRAPH_NODES = 24
+"""Up to this many nodes the model is exact over the whole class (no optional restriction)."""
+FORWARD_RECOMPUTE_NODES = 200
+"""Up to this many nodes forward stages may recompute (skip connections need it)."""
+
+
+def is_var(r: Ref) -> bool:
+    return r[0] >= 0
+
+
+@dataclass
+class CheckmateModel:
+    """Checkmate's MILP for one graph and budget, with the bookkeeping to read a solution back.
+
+    Build with :meth:`build`; ``model`` is the sparse MILP; :meth:`replay` turns a 0/1 solution
+    into a plan and the model's own peak and time figures.
+    """
+
+    graph: Graph
+    budget_bytes: int
+    recompute_backward: bool
+    recompute_in_forward: bool
+    model: SparseModel = field(default_factory=SparseModel)
+    R: dict[tuple[int, int], int] = field(default_factory=dict)
+    S: dict[tuple[int, str], Ref] = field(default_factory=dict)
+    events: list[list[int]] = field(default_factory=list)
+    """Per stage, the nodes that may run in it, in graph order (the frontier last)."""
+    outs: list[list[str]] = field(default_factory=list)
+    ins: list[list[str]] = field(default_factory=list)
+    size: dict[str, int] = field(default_factory=dict)
+    producer: dict[str, int] = field(default_factory=dict)
+    consumers: dict[str, list[int]] = field(default_factory=dict)
+    required: frozenset[str] = frozenset()
+    rerun: list[bool] = field(default_factory=list)
+    last_read: dict[str, int] = field(default_factory=dict)
+    need_end: dict[str, int] = field(default_factory=dict)
+    A: dict[tuple[int, str], Ref] = field(default_factory=dict)
+    constant_time_s: float = 0.0
+    input_bytes: int = 0
+    time_unit_s: float = 1.0
+    """Objective coefficients are times divided by this (HiGHS' tolerances are absolute)."""
+    byte_unit: float = 1.0
+    """Memory rows count bytes divided by this."""
+    margin: float = 0.0
+
+    # -- model quantities -----------------------------------------------------------------------
+
+    def r(self, t: int, k: int) -> Ref:
+        if k == t:
+            return ONE
+        c = self.R.get((t, k))
+        return ZERO if c is None else (c, 0.0)
+
+    def s(self, t: int, v: str) -> Ref:
+        return self.S.get((t, v), ZERO)
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        graph: Graph,
+        budget_bytes: int,
+        *,
+        recompute_backward: bool | None = None,
+        recompute_in_forward: bool | None = None,
+        margin: float = 0.0,
+    ) -> CheckmateModel:
+        n = graph.num_nodes
+        if recompute_backward is None:
+            recompute_backward = n <= SMALL_GRAPH_NODES
+        if recompute_in_forward is None:
+            recompute_in_forward = n <= FORWARD_RECOMPUTE_NODES
+        self = cls(graph, budget_bytes, recompute_backward, recompute_in_forward)
+        self.margin = margin
+        base = sum(nd.time_s for nd in graph.nodes)
+        self.time_unit_s = base / 1e3 if base > 0 else 1.0
+        self.byte_unit = max(1.0, (budget_bytes - graph.static_bytes) / 1e6)
+        self._index()
+        self._variables()
+        self._constraints()
+        return self
+
+    def _index(self) -> None:
+        g = self.graph
+        n = g.num_nodes
+        self.required = frozenset(g.required)
+        dyn = {v.id for v in g.values if not g.is_static(v.id) and v.kind != "input"}
+        self.size = {v.id: v.size_bytes for v in g.values}
+        self.input_bytes = g.input_bytes
+        for i, node in enumerate(g.nodes):
+            self.ins.append(list(dict.fromkeys(x for x in node.inputs if x in dyn)))
+            self.outs.append([o for o in node.outputs if o in dyn])
+            for o in self.outs[-1]:
+                self.producer[o] = i
+        for v in self.producer:
+            self.consumers[v] = sorted(set(g.consumer_positions(v)))
+        for i, node in enumerate(g.nodes):
+            ok = (
+                node.recomputable
+                and bool(self.outs[i])
+                and not any(o in self.required for o in self.outs[i])
+                and (node.phase == "forward" or self.recompute_backward)
+            )
+            self.rerun.append(ok)
+        # last stage in which each value (or something recomputed from it) can be read
+        self.last_read = {
+            v: max(self.consumers[v], default=self.producer[v]) for v in self.producer
+        }
+        for i in reversed(range(n)):
+            for v in self.outs[i]:
+                end = self.last_read[v]
+                if v in self.required:
+                    end = n
+                for k in self.consumers[v]:
+                    if self.rerun[k]:
+                        for w in self.outs[k]:
+                            end = max(end, self.need_end[w])
+                self.need_end[v] = end
+
+    def _stage_allows(self, t: int, k: int) -> bool:
+        if not self.rerun[k] or k >= t:
+            return False
+        if not self.recompute_in_forward and self.graph.nodes[t].phase == "forward":
+            return False
+        return any(self.need_end[w] >= t for w in self.outs[k])
+
+    def _variables(self) -> None:
+        g, m = self.graph, self.model
+        n = g.num_nodes
+        for t in range(n):
+            ev = [k for k in range(t) if self._stage_allows(t, k)]
+            for k in ev:
+                self.R[(t, k)] = m.add_col(
+                    f"R[{t},{k}]", 0, 1, integer=True, cost=g.nodes[k].time_s / self.time_unit_s
+                )
+            self.events.append([*ev, t])
+        self.constant_time_s = sum(nd.time_s for nd in g.nodes)
+        m.offset = self.constant_time_s / self.time_unit_s
+        for v, p in self.producer.items():
+            end = min(self.need_end[v], n)
+            if v in self.required:
+                for t in range(p + 1, n + 1):
+                    self.S[(t, v)] = ONE
+                continue
+            for t in range(p + 1, end + 1):
+                if t >= n:
+                    break
+                if not self.rerun[p] and t <= self.last_read[v]:
+                    self.S[(t, v)] = ONE  # cannot be recomputed: kept until its last reader
+                else:
+                    self.S[(t, v)] = (m.add_col(f"S[{t},{v}]", 0, 1, integer=True), 0.0)
+
+    def _constraints(self) -> None:
+        g, m = self.graph, self.model
+        n = g.num_nodes
+        bu = self.byte_unit
+        # a hair under the budget, so that solver tolerances never let a plan exceed it
+        # Solver tolerances scale with the row: ``margin`` keeps a relative part aside (a
+        # solution that overshoots by a few bytes is solved again with a margin).
+        dyn_budget = (self.budget_bytes - g.static_bytes - self.input_bytes) / bu
+        dyn_budget -= self.margin * abs(dyn_budget)
+
+        def le(lhs: list[Ref], rhs: list[Ref]) -> None:
+            """sum(lhs) <= sum(rhs), dropping constants into the bound."""
+            terms: list[tuple[int, float]] = []
+            const = 0.0
+            for c, val in lhs:
+                if c >= 0:
+                    terms.append((c, 1.0))
+                else:
+                    const += val
+            for c, val in rhs:
+                if c >= 0:
+                    terms.append((c, -1.0))
+                else:
+                    const -= val
+            if not terms:
+                if const > 1e-9:
+                    raise AssertionError("constant constraint violated while building the model")
+                return
+            m.add_row(terms, -math.inf, -const)
+
+        for t in range(n):
+            ev = self.events[t]
+            in_stage = set(ev)
+            # (1) a node runs only when what it reads is resident or recomputed before it
+            for k in ev:
+                rk = self.r(t, k)
+                for x in self.ins[k]:
+                    p = self.producer[x]
+                    rhs = [self.s(t, x)]
+                    if p in in_stage and p < k:
+                        rhs.append(self.r(t, p))
+                    le([rk], rhs)
+            # (3a) a recomputation must serve a later reader in the stage or a kept value
+            for k in ev[:-1]:
+                rhs = []
+                for w in self.outs[k]:
+                    rhs.append(self.s(t + 1, w))
+                    rhs.extend(self.r(t, j) for j in self.consumers[w] if j in in_stage and j > k)
+                le([self.r(t, k)], rhs)
+        for v, p in self.producer.items():
+            if v in self.required:
+                continue
+            # (2) kept into t + 1 only if resident in t or (re)computed in t
+            for t in range(p + 1, n):
+                nxt = self.s(t + 1, v)
+                if not is_var(nxt):
+                    continue
+                le([nxt], [self.s(t, v), self.r(t, p)])
+            # (3b) resident in t only if read in t or kept further
+            for t in range(p + 1, n):
+                cur = self.s(t, v)
+                if not is_var(cur):
+                    continue
+                in_stage = set(self.events[t])
+                rhs = [self.s(t + 1, v)]
+                rhs.extend(self.r(t, j) for j in self.consumers[v] if j in in_stage)
+                le([cur], rhs)
+        # (4) never recompute a single-output node whose output is resident
+        self.A.clear()
+        for (t, k), c in self.R.items():
+            outs = self.outs[k]
+            for w in outs:
+                sw = self.s(t, w)
+                if not is_var(sw) and sw[1] == 0.0:
+                    self.A[(t, w)] = (c, 0.0)
+                elif len(outs) == 1:
+                    le([(c, 0.0), sw], [ONE])
+                    self.A[(t, w)] = (c, 0.0)
+                else:
+                    a = m.add_col(f"A[{t},{w}]", 0, 1)
+                    # A = R and not S
+                    m.add_row(
+                        [(a, 1.0), (c, -1.0)] + ([(sw[0], 1.0)] if is_var(sw) else []),
+                        -(0.0 if is_var(sw) else sw[1]),
+                        math.inf,
+                    )
+                    le([(a, 0.0)], [(c, 0.0)])
+                    le([(a, 0.0), sw], [ONE])
+                    self.A[(t, w)] = (a, 0.0)
+        # (5) memory, stage by stage
+        for t in range(n):
+            ev = self.events[t]
+            in_stage = set(ev)
+            prev_u: int | None = None
+            prev_freed: list[tuple[int, float]] = []
+            prev_freed_const = 0.0
+            for k in ev:
+                alloc: list[tuple[int, float]] = []
+                alloc_const = 0.0
+                for w in self.outs[k]:
+                    aw = ONE if k == t else self.A[(t, w)]
+                    if is_var(aw):
+                        alloc.append((aw[0], self.size[w] / bu))
+                    else:
+                        alloc_const += aw[1] * self.size[w] / bu
+                u = m.add_col(f"U[{t},{k}]", 0, math.inf)
+                terms: list[tuple[int, float]] = [(u, 1.0)]
+                const = 0.0
+                if prev_u is None:
+                    for v in self.producer:
+                        sv = self.s(t, v)
+                        if is_var(sv):
+                            terms.append((sv[0], -self.size[v] / bu))
+                        else:
+                            const += sv[1] * self.size[v] / bu
+                else:
+                    terms.append((prev_u, -1.0))
+                    terms.extend((c, a) for c, a in prev_freed)
+                    const -= prev_freed_const
+                terms.extend((c, -a) for c, a in alloc)
+                const += alloc_const
+                m.add_row(terms, const, const)
+                rk = self.r(t, k)
+                ws = g.nodes[k].workspace_bytes / bu
+                cap: list[tuple[int, float]] = [(u, 1.0)]
+                cap_const = 0.0
+                if ws:
+                    if is_var(rk):
+                        cap.append((rk[0], ws))
+                    else:
+                        cap_const += ws
+                m.add_row(cap, -math.inf, dyn_budget - cap_const)
+                # what may be freed right after k
+                prev_freed, prev_freed_const = [], 0.0
+                for v in dict.fromkeys([*self.ins[k], *self.outs[k]]):
+                    if v in self.required:
+                        continue
+                    f = self._free_ref(t, v, k, in_stage)
+                    if f is None:
+                        continue
+                    if is_var(f):
+                        prev_freed.append((f[0], self.size[v] / bu))
+                    else:
+                        prev_freed_const += f[1] * self.size[v] / bu
+                prev_u = u
+
+    def _blockers(self, t: int, v: str, k: int, in_stage: set[int]) -> list[Ref]:
+        later = [j for j in self.consumers[v] if j in in_stage and j > k]
+        p = self.producer[v]
+        if p in in_stage and p > k:
+            later.append(p)
+        return [self.s(t + 1, v), *(self.r(t, j) for j in later)]
+
+    def _free_ref(self, t: int, v: str, k: int, in_stage: set[int]) -> Ref | None:
+        """The F[t, v, k] quantity: None when it is always 0, else a constant 1 or a column."""
+        rk = self.r(t, k)
+        if not is_var(rk) and rk[1] == 0.0:
+            return None
+        blockers = self._blockers(t, v, k, in_stage)
+        if any(not is_var(b) and b[1] == 1.0 for b in blockers):
+            return None
+        var_blockers = [b for b in blockers if is_var(b)]
+        if not is_var(rk) and not var_blockers:
+            return ONE
+        m = self.model
+        f = m.add_col(f"F[{t},{v},{k}]", 0, 1)
+        if is_var(rk):
+            m.add_row([(f, 1.0), (rk[0], -1.0)], -math.inf, 0.0)
+        for b in var_blockers:
+            m.add_row([(f, 1.0), (b[0], 1.0)], -math.inf, 1.0)
+        return (f, 0.0)
+
+    # -- reading a solution back ----------------------------------------------------------------
+
+    def replay(self, x: np.ndarray) -> tuple[Plan, int, float]:
+        """The plan of a 0/1 solution, with the model's peak (total bytes) and time.
+
+        Values are freed exactly where the model allows it (``F`` at its upper bound), which is
+        what the memory constraints assume at most; the peak is computed with the model's own
+        arithmetic (stage residency from ``S``, allocation ``R and not resident``, workspace
+        while running), independently of the simulator.
+        """
+        g = self.graph
+        n = g.num_nodes
+
+        def val(r: Ref) -> int:
+            return round(float(x[r[0]])) if is_var(r) else round(r[1])
+
+        steps: list[Step] = []
+        peak = 0
+        time_s = 0.0
+        for t in range(n):
+            ev = [k for k in self.events[t] if val(self.r(t, k))]
+            in_stage = set(ev)
+            resident = {v for v in self.producer if val(self.s(t, v))}
+            cur = sum(self.size[v] for v in resident)
+            for k in ev:
+                steps.append(Step(op="compute", id=g.nodes[k].id))
+                time_s += g.nodes[k].time_s
+                for w in self.outs[k]:
+                    if w not in resident:
+                        resident.add(w)
+                        cur += self.size[w]
+                peak = max(peak, cur + g.nodes[k].workspace_bytes)
+                for v in dict.fromkeys([*self.ins[k], *self.outs[k]]):
+                    if v in self.required or v not in resident:
+                        continue
+                    if any(val(b) for b in self._blockers(t, v, k, in_stage)):
+                        continue
+                    resident.discard(v)
+                    cur -= self.size[v]
+                    steps.append(Step(op="free", id=v))
+        return Plan(steps=tuple(steps)), g.static_bytes + self.input_bytes + peak, time_s
+
+    def lower_bound_peak(self) -> int:
+        """A peak no plan can go below: the largest single node with what it reads and writes,
+        plus the inputs and the required values already made (bytes, static included)."""
+        g = self.graph
+        best = 0
+        made_required = 0
+        for k, node in enumerate(g.nodes):
+            during = sum(self.size[v] for v in dict.fromkeys([*self.ins[k], *self.outs[k]]))
+            during += node.workspace_bytes + made_required
+            best = max(best, during)
+            made_required += sum(self.size[o] for o in self.outs[k] if o in self.required)
+        return g.static_bytes + self.input_bytes + best
+
+
+def fallback_plans(graph: Graph) -> list[Plan]:
+    """Cheap plans to fall back on (eager, keep nothing, keep block/articulation cuts)."""
+    from remat.ir import block_cuts
+
+    plans = [eager_plan(graph)]
+    for keep in (set(), {v for c in block_cuts(graph) for v in c.values}):
+        try:
+            plans.append(keep_plan(graph, keep))
+        except InvalidPlanError:  # a heuristic that does not apply is skipped
+            continue
+    return plans
+
+
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+@dataclass
+class CheckmateRun:
+    """A solved model: the model, the back end's answer and, when it has one, the plan."""
+
+    model: CheckmateModel
+    solution: MipSolution | None
+    plan: Plan | None = None
+    bound_s: float | None = None
+
+
+def run_checkmate(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit_s: float,
+    backend: Backend = "highs",
+    relax: bool = False,
+    recompute_backward: bool | None = None,
+    recompute_in_forward: bool | None = None,
+    threads: int | None = None,
+) -> CheckmateRun:
+    """Build and solve the model; ``solution`` is None when the budget is below the peak that
+    any plan needs. A MILP plan that overshoots the budget by solver tolerance (a few bytes) is
+    solved again with a relative margin of 10^-6."""
+    t0 = time.perf_counter()
+    run: CheckmateRun | None = None
+    for margin in (0.0, 1e-6):
+        left = time_limit_s - (time.perf_counter() - t0)
+        if run is not None and left < 0.1:
+            break
+        cm = CheckmateModel.build(
+            graph,
+            budget_bytes,
+            recompute_backward=recompute_backward,
+            recompute_in_forward=recompute_in_forward,
+            margin=margin,
+        )
+        if budget_bytes < cm.lower_bound_peak():
+            return CheckmateRun(cm, None)
+        sol = cm.model.solve(
+            backend=backend, relax=relax, time_limit_s=max(0.1, left), threads=threads
+        )
+        bound = None if sol.bound is None else sol.bound * cm.time_unit_s
+        run = CheckmateRun(cm, sol, None, bound)
+        if relax or sol.values is None:
+            return run
+        plan, peak, _ = cm.replay(sol.values)
+        if peak <= budget_bytes:
+            run.plan = plan
+            return run
+    assert run is not None
+    return run
+
+
+@register("milp", kind="dag", exact=True, summary="Checkmate's exact MILP (Jain et al. 2020)")
+def solve_milp(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit_s: float | None = None,
+    solver: str = "highs",
+    recompute_backward: bool | None = None,
+    recompute_in_forward: bool | None = None,
+    threads: int | None = None,
+) -> SolveResult:
+    """Checkmate's MILP over the op graph, solved with HiGHS (default) or CBC.
+
+    Parameters
+    ----------
+    time_limit_s
+        Wall-clock limit for the MILP solver (default 60 s). When it stops early the result is
+        ``feasible`` with the best plan found (or the best fallback plan) and the solver's proven
+        lower bound in ``lower_bound_s``.
+    solver
+        ``"highs"`` (HiGHS through highspy) or ``"cbc"`` (CBC through pulp).
+    recompute_backward
+        Whether backward nodes may run again (default: only for graphs up to 24 nodes).
+    recompute_in_forward
+        Whether stages of forward nodes may recompute (default: graphs up to 200 nodes).
+    threads
+        Threads for the MILP solver.
+
+    Notes
+    -----
+    ``status="optimal"`` only when the MILP solver proved optimality; the optimum is over
+    schedules that first compute nodes in graph order, as every remat schedule does, within
+    the restrictions chosen above. ``lower_bound_s`` is the MILP's dual bound over the same
+    class. See the module docstring for the formulation.
+
+    References
+    ----------
+    P. Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
+    Rematerialization", MLSys 2020.
+    """
+    t0 = time.perf_counter()
+    if solver not in ("highs", "cbc"):
+        raise ValueError(f"solver: unknown MILP solver {solver!r} (use 'highs' or 'cbc')")
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    if graph.num_nodes == 0:
+        return result_from_plan(
+            graph,
+            budget_bytes,
+            Plan(),
+            solver="milp",
+            started=t0,
+            status="optimal",
+            lower_bound_s=0.0,
+        )
+    run = run_checkmate(
+        graph,
+        budget_bytes,
+        time_limit_s=limit,
+        backend=solver,  # type: ignore[arg-type]
+        recompute_backward=recompute_backward,
+        recompute_in_forward=recompute_in_forward,
+        threads=threads,
+    )
+    sol = run.solution
+    if sol is None or sol.status == "infeasible":
+        fb = best_of(graph, budget_bytes, fallback_plans(graph), solver="milp", started=t0)
+        if fb.status != "infeasible":
+            # The model's class is narrower than a fallback's (restrictions on): use it.
+            return fb.model_copy(update={"message": "the MILP found no schedule; fallback plan"})
+        why = (
+            "the budget is below what the largest node needs"
+            if sol is None
+            else "the MILP proved that no schedule fits the budget"
+        )
+        return infeasible_result(
+            graph,
+            budget_bytes,
+            solver="milp",
+            started=t0,
+            min_budget_bytes=max(run.model.lower_bound_peak(), fb.min_budget_bytes or 0),
+            message=f"{why} ({budget_bytes} bytes)",
+        )
+    info = f"{run.model.model.num_integer} binaries, {run.model.model.num_rows} rows"
+    if run.plan is not None:
+        return result_from_plan(
+            graph,
+            budget_bytes,
+            run.plan,
+            solver="milp",
+            started=t0,
+            status="optimal" if sol.status == "optimal" else "feasible",
+            lower_bound_s=run.bound_s,
+            message=f"{info}; {sol.message}" if sol.message else info,
+        )
+    # No incumbent in time: return the best fallback plan, with the bound.
+    fb = best_of(graph, budget_bytes, fallback_plans(graph), solver="milp", started=t0)
+    if fb.status == "infeasible" or fb.plan is None:
+        return infeasible_result(
+            graph,
+            budget_bytes,
+            solver="milp",
+            started=t0,
+            min_budget_bytes=fb.min_budget_bytes,
+            status="timeout",
+            message=f"the MILP found no schedule within the time limit ({info})",
+        )
+    return result_from_plan(
+        graph,
+        budget_bytes,
+        fb.plan,
+        solver="milp",
+        started=t0,
+        status="feasible",
+        lower_bound_s=run.bound_s,
+        message=f"the MILP found no schedule in time; best fallback plan ({info})",
+    )
