@@ -43,6 +43,12 @@ included); ``cap.fx_value[fx_name]`` goes the other way. ``cap.param_values``,
 ``cap.grad_values`` (parameter name -> gradient value) and ``cap.buffer_updates`` (buffer name ->
 updated value, made by a node with ``recomputable=False``) name the special values.
 
+An IR node's ``inputs`` are the storages its FX node reads (views resolved to their base),
+plus, for the last op of a backward autograd node spelled as several ops (same ``seq_nr``), the
+dynamic values the earlier ops of that autograd node read: eager autograd holds them until the
+whole node has run, and so does the IR. Executors must keep those on the device for that op
+but pass the FX node only its own arguments.
+
 Memory rules are those of ``remat.ir.graph``; :func:`remat.executor.measure` measures a real
 step with the same definitions (see ``remat.executor.measure``), and the simulator's eager peak
 matches it (tested on every example model).

@@ -249,3 +249,30 @@ def test_trace_returns_a_valid_serialisable_graph() -> None:
     again = Graph.from_json(g.to_json())
     assert again.content_hash() == g.content_hash()
     assert g.name == "ViT"
+
+
+def test_backward_autograd_nodes_hold_their_inputs_to_the_end(gpt) -> None:
+    """Ops of one backward autograd node (same seq_nr) keep what the node reads until its last
+    op, as eager autograd releases saved tensors per node."""
+    cap, _ = gpt
+    g = cap.graph
+    runs: list[list] = []
+    for node in g.backward_nodes:
+        seq = cap.node_fx[node.id].meta.get("seq_nr")
+        if runs and seq is not None and runs[-1][0] == seq:
+            runs[-1][1].append(node)
+        else:
+            runs.append([seq, [node]])
+    multi = [nodes for _, nodes in runs if len(nodes) > 1]
+    assert multi  # e.g. mm backward: two products
+    for nodes in multi:
+        made = {o for n in nodes for o in n.outputs}
+        read = {x for n in nodes for x in n.inputs if x not in made and not g.is_static(x)}
+        assert read <= set(nodes[-1].inputs)
+        # The extra inputs are the IR's only: the FX op reads its own arguments.
+        own = {
+            cap.fx_value[a.name]
+            for a in cap.node_fx[nodes[-1].id].all_input_nodes
+            if a.name in cap.fx_value
+        }
+        assert own <= set(nodes[-1].inputs)
