@@ -26,6 +26,7 @@ from remat.solver import SolveResult, solve
 __version__ = "0.1.0"
 
 __all__ = [
+    "Client",
     "Graph",
     "GraphValidationError",
     "InfeasibleBudgetError",
@@ -42,6 +43,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # torch-backed entry points load lazily so that `import remat` works without torch.
+    if name == "Client":
+        from remat.client import Client
+
+        return Client
     if name == "trace":
         from remat.tracer import trace
 
