@@ -4,10 +4,10 @@
 """
 
 from remat.executor.measure import LiveStorageTracker, MemoryMeasurement, measure
-
-__all__ = ["LiveStorageTracker", "MemoryMeasurement", "measure"]
-
+from remat.executor.module import ModuleLevelWarning, apply, module_plan, remove
 from remat.executor.opexec import CompiledStep, ExecutorError, compile_step
 from remat.executor.verify import VerifyReport, verify
 
+__all__ = ["LiveStorageTracker", "MemoryMeasurement", "measure"]
 __all__ += ["CompiledStep", "ExecutorError", "VerifyReport", "compile_step", "verify"]
+__all__ += ["ModuleLevelWarning", "apply", "module_plan", "remove"]

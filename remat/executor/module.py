@@ -1,0 +1,495 @@
+"""The module-level executor: ``remat.apply(model, result, graph)`` rewrites a model in place.
+
+An ordinary eager training loop (optimizer, ``torch.autocast``, ``DistributedDataParallel``) keeps
+working: the model's own modules run, with
+
+* a non-reentrant ``torch.utils.checkpoint`` region around each block (``remat.ir.block_key`` of
+  the module path: ``blocks.3``, ``layers.0``, ``drop``) in which the plan recomputes something,
+  with a selective-checkpoint policy per ATen op: ops whose result the plan keeps for the
+  backward pass are saved (``MUST_SAVE``), the others are recomputed. Ops are matched to the
+  graph's nodes by their order inside the block and their name (in-place and functional forms of
+  an op match). Ops with side effects (batch norm's running statistics) are always saved, so a
+  recomputation never updates a buffer twice. Random ops recompute with the generator state of
+  their first run (``checkpoint`` preserves it), so dropout masks are the same.
+* ``torch.autograd.graph.saved_tensors_hooks`` around the whole forward for offloaded values: a
+  saved tensor whose storage the plan offloads is copied to host memory when it is saved and
+  copied back when the backward pass unpacks it (one copy per storage).
+
+What a plan asks that module-level code cannot do raises :class:`~remat.executor.ExecutorError`
+pointing to the op-level executor (:func:`remat.compile_step`), which runs any plan exactly:
+recomputing an op of the model's own ``forward`` (not inside a submodule), recomputing an op more
+than once, offloading a value saved inside a checkpointed block. The memory of a module-level
+step follows ``torch.utils.checkpoint`` (a block is recomputed at once, when the backward pass
+first needs it), so it approximates the plan's; ``remat.verify(..., executor="module")`` measures
+how closely.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from remat.executor.hostmem import HostMemory
+from remat.executor.opexec import ExecutorError, _plan_of
+from remat.ir import Graph, Plan, simulate
+from remat.ir.cuts import block_key
+
+_OP_OOP = "use remat.compile_step(model, example_inputs, loss_fn, result) (the op-level executor)"
+
+
+def _op_key(name: str) -> str:
+    """Normalize an op name so that eager and traced forms match: ``aten.div_.Scalar`` and
+    ``aten.div.Scalar`` -> ``div``; every batch-norm variant -> ``batch_norm``."""
+    base = name.split(".")[1] if name.startswith("aten.") else name.split(".")[0]
+    base = base.rstrip("_").lstrip("_")
+    if "batch_norm" in base:
+        return "batch_norm"
+    return re.sub(r"_functional$", "", base)
+
+
+def _func_key(func: Any) -> str:
+    return _op_key(f"aten.{func._schema.name.split('::')[-1]}")
+
+
+def _returns_alias(func: Any) -> bool:
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None for r in returns)
+
+
+class ModuleLevelWarning(UserWarning):
+    """A plan was approximated at module level; the op-level executor runs it exactly."""
+
+
+@dataclass(frozen=True)
+class Region:
+    """One checkpointed block: its module path and the forward nodes the plan recomputes."""
+
+    path: str
+    nodes: tuple[str, ...]
+    """Forward node ids of the block, in graph order."""
+    save: frozenset[str]
+    """Nodes whose outputs are saved for the backward pass (not recomputed)."""
+    recompute: frozenset[str]
+
+
+@dataclass
+class ModulePlan:
+    """A plan expressed at module level (see the module docstring)."""
+
+    regions: list[Region]
+    offload: frozenset[str]
+    """Value ids to offload when saved for the backward pass."""
+    graph: Graph = field(repr=False)
+    approximations: list[str] = field(default_factory=list)
+    """What of the plan could not be expressed at module level (see :func:`module_plan`)."""
+
+    def describe(self) -> str:
+        lines = [f"{len(self.regions)} checkpoint regions, {len(self.offload)} offloaded values"]
+        for r in self.regions:
+            lines.append(f"  {r.path}: recompute {len(r.recompute)} ops, save {len(r.save)} ops")
+        return "\n".join(lines)
+
+
+def module_plan(graph: Graph, plan: Plan, *, strict: bool = False) -> ModulePlan:
+    """Translate ``plan`` into checkpoint regions and offloads (see the module docstring).
+
+    Parameters
+    ----------
+    strict
+        Raise when a part of the plan cannot be expressed at module level. When False (the
+        default) that part is approximated (a value recomputed outside any submodule is kept, a
+        value recomputed twice is recomputed once, an offload inside a checkpointed block is
+        dropped), each approximation is listed in ``ModulePlan.approximations``, and a
+        :class:`ModuleLevelWarning` says so.
+
+    Raises
+    ------
+    ExecutorError
+        With ``strict``, when the plan cannot be expressed at module level; always when the plan
+        does not belong to ``graph``.
+    """
+    from remat.ir import InvalidPlanError
+
+    try:
+        simulate(graph, plan)
+    except InvalidPlanError as exc:
+        raise ExecutorError(f"the plan does not fit the graph {graph.name!r}: {exc}") from exc
+    notes: list[str] = []
+
+    def cannot(msg: str) -> None:
+        if strict:
+            raise ExecutorError(f"{msg}: {_OP_OOP}")
+        notes.append(msg)
+
+    counts = plan.compute_counts()
+    fwd = graph.forward_nodes
+    for n in graph.nodes:
+        if n.phase == "forward" and counts.get(n.id, 0) > 2:
+            cannot(
+                f"the plan computes node {n.id!r} ({n.op}) {counts[n.id]} times; module-level "
+                "checkpointing recomputes a block once"
+            )
+        if n.phase == "backward" and counts.get(n.id, 0) > 1:
+            cannot(f"the plan recomputes backward node {n.id!r}")
+    by_block: dict[str, list[str]] = {}
+    for n in fwd:
+        by_block.setdefault(block_key(n.module) if n.module else "", []).append(n.id)
+    recomputed = {n.id for n in fwd if counts.get(n.id, 0) > 1}
+    bwd_reads = {x for n in graph.backward_nodes for x in n.inputs}
+    regions: list[Region] = []
+    for path, ids in by_block.items():
+        rec = [i for i in ids if i in recomputed]
+        if not rec:
+            continue
+        if path == "":
+            cannot(
+                f"the plan recomputes {len(rec)} ops of the model's own forward or of the loss "
+                f"(outside any submodule, e.g. {rec[0]!r}, {graph.node(rec[0]).op}); there is no "
+                "module to checkpoint, so they are kept"
+            )
+            continue
+        save = {
+            i
+            for i in ids
+            if i not in recomputed
+            and (
+                not graph.node(i).recomputable or any(o in bwd_reads for o in graph.node(i).outputs)
+            )
+        }
+        regions.append(Region(path, tuple(ids), frozenset(save), frozenset(rec)))
+    offload = {s.id for s in plan.steps if s.op == "offload"}
+    in_region = {i for r in regions for i in r.nodes}
+    for v in sorted(offload):
+        p = graph.producer_of(v)
+        if p is not None and p.id in in_region:
+            cannot(
+                f"the plan offloads {v!r}, made inside the checkpointed block "
+                f"{block_key(p.module)!r}, where saved-tensor hooks do not reach; it is kept"
+            )
+            offload.discard(v)
+    if notes:
+        warnings.warn(
+            "remat.apply approximates the plan at module level: "
+            + "; ".join(notes)
+            + f". For the exact plan, {_OP_OOP}.",
+            ModuleLevelWarning,
+            stacklevel=3,
+        )
+    return ModulePlan(regions, frozenset(offload), graph, notes)
+
+
+class _Matcher:
+    """Matches the ATen ops of a forward pass to graph nodes, in order, by normalized name."""
+
+    LOOKAHEAD = 4
+
+    def __init__(self, graph: Graph, ids: tuple[str, ...]) -> None:
+        self.keys = [_op_key(graph.node(i).op) for i in ids]
+        self.ids = ids
+        self.pos = 0
+
+    def match(self, func: Any) -> str | None:
+        if _returns_alias(func) and not func._schema.is_mutable:
+            return None  # a view: not a node of the graph
+        key = _func_key(func)
+        for k in range(self.pos, min(self.pos + self.LOOKAHEAD, len(self.keys))):
+            if self.keys[k] == key:
+                self.pos = k + 1
+                return self.ids[k]
+        return None
+
+
+def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an in-place op writes to."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        x = args[i] if i < len(args) else kwargs.get(arg.name)
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+    return out
+
+
+def _policy_for(graph: Graph, region: Region) -> Callable[[], Any]:
+    """A ``context_fn`` for ``checkpoint``: a fresh selective policy for each forward call.
+
+    Saved (cached) results must not change under the recomputation: an in-place op that writes
+    into a saved storage (``relu_`` after batch norm, ``out += identity``) is saved too, so that
+    the recomputation skips it as well and reads the final contents, as the first run did.
+    """
+
+    def context_fn() -> Any:
+        matcher = _Matcher(graph, region.nodes)
+        cached: set[int] = set()
+
+        def save(out: Any) -> CheckpointPolicy:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    cached.add(id(t.untyped_storage()))
+            return CheckpointPolicy.MUST_SAVE
+
+        def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            node = matcher.match(func)
+            if func._schema.is_mutable and any(
+                id(t.untyped_storage()) in cached for t in _written_args(func, args, kwargs)
+            ):
+                return save(ctx.op_output)
+            if (
+                node is not None
+                and node in region.save
+                and graph.node(node).recomputable
+                and not func._schema.is_mutable
+            ):
+                return save(ctx.op_output)
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
+
+    return context_fn
+
+
+class _Tagger(TorchDispatchMode):
+    """Names the storages a forward pass makes with their graph value ids (for offloading)."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__()
+        self.graph = graph
+        self.matcher = _Matcher(graph, tuple(n.id for n in graph.forward_nodes))
+        self.value_of: dict[int, str] = {}  # id(storage) -> value id, while alive
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        node = self.matcher.match(func)
+        if node is not None:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            todo = list(self.graph.node(node).outputs)
+            for t in outs:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                for vid in todo:
+                    v = self.graph.value(vid)
+                    if tuple(v.shape) == tuple(t.shape):
+                        todo.remove(vid)
+                        st = t.untyped_storage()
+                        self.value_of[id(st)] = vid
+                        weakref.finalize(st, self.value_of.pop, id(st), None)
+                        break
+        return out
+
+
+class _Offloader:
+    """saved_tensors_hooks that move the saved tensors of offloaded values to host memory."""
+
+    def __init__(self, host: HostMemory, offload: frozenset[str]) -> None:
+        self.host = host
+        self.offload = offload
+        self.tagger: _Tagger | None = None
+        self._host_copies: dict[int, Any] = {}
+
+    def pack(self, t: torch.Tensor) -> Any:
+        tagger = self.tagger
+        if tagger is None or t.device.type == "meta":
+            return t
+        st = t.untyped_storage()
+        vid = tagger.value_of.get(id(st))
+        if vid is None or vid not in self.offload:
+            return t
+        shared = self._host_copies.get(id(st))
+        host = shared() if shared is not None else None
+        if host is None:
+            base = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
+            host = self.host.offload(base)
+            self._host_copies[id(st)] = weakref.ref(host)
+        box = {"host": host, "device": None}
+        return (box, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        box, dtype, offset, shape, stride = packed
+        dev = box["device"]() if box["device"] is not None else None
+        if dev is None:
+            dev, event = self.host.prefetch(box["host"])
+            if event is not None:
+                torch.cuda.current_stream().wait_event(event)
+            box["device"] = weakref.ref(dev)
+        out = torch.empty(0, dtype=dtype, device=dev.device)
+        return out.set_(dev.untyped_storage(), offset, shape, stride)
+
+
+def _checkpointed(
+    forward: Callable[..., Any], context_fn: Callable[[], Any], buffers: list[torch.Tensor]
+) -> Callable[..., Any]:
+    """``forward`` in a non-reentrant checkpoint region. The buffers the block updates in place
+    (batch-norm running statistics) are restored after its recomputation, so that the step
+    updates them once, as the eager step does."""
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        calls = [0]
+
+        def once(*a: Any, **k: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1 or not buffers:
+                return forward(*a, **k)
+            with torch.no_grad(), _disable_current_modes():
+                saved = [b.clone() for b in buffers]
+            try:
+                return forward(*a, **k)
+            finally:
+                with torch.no_grad(), _disable_current_modes():
+                    for b, s in zip(buffers, saved, strict=True):
+                        b.copy_(s)
+
+        return checkpoint(once, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    return run
+
+
+@dataclass
+class _Applied:
+    plan: ModulePlan
+    host: HostMemory
+    originals: dict[str, Any]
+
+
+def apply(
+    model: nn.Module,
+    result: Any,
+    graph: Graph | None = None,
+    *,
+    example_inputs: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    strict: bool = False,
+) -> nn.Module:
+    """Rewrite ``model`` in place so that its eager training step runs ``result``'s plan.
+
+    Parameters
+    ----------
+    model
+        The model the plan was solved for. Parameter names and the state dict are unchanged.
+    result
+        A :class:`~remat.solver.SolveResult` (or a :class:`~remat.ir.Plan`).
+    graph
+        The graph the plan was solved on (``remat.trace(model, inputs, loss_fn)``). When None,
+        ``example_inputs`` (and ``loss_fn``) are traced again to get it.
+    strict
+        Raise :class:`~remat.executor.ExecutorError` instead of approximating a plan that
+        module-level code cannot express (see :func:`module_plan`).
+
+    Returns
+    -------
+    nn.Module
+        ``model`` itself. :func:`remove` undoes the rewrite.
+
+    Raises
+    ------
+    ExecutorError
+        With ``strict``, when the plan cannot be expressed at module level (the message points
+        to :func:`remat.compile_step`); when no graph is given or the plan is not of it.
+    """
+    plan = _plan_of(result)
+    if graph is None:
+        if example_inputs is None:
+            raise ExecutorError(
+                "remat.apply needs the traced graph the plan was solved on: pass graph= "
+                "(remat.trace(model, inputs, loss_fn)) or example_inputs= and loss_fn="
+            )
+        from remat.tracer import capture
+
+        graph = capture(model, example_inputs, loss_fn).graph
+    if getattr(model, "_remat_applied", None) is not None:
+        remove(model)
+    mplan = module_plan(graph, plan, strict=strict)
+    params = list(model.parameters())
+    device = params[0].device if params else torch.device("cpu")
+    host = HostMemory(device)
+    originals: dict[str, Any] = {}
+    for region in mplan.regions:
+        try:
+            mod = model.get_submodule(region.path)
+        except AttributeError as exc:
+            raise ExecutorError(
+                f"the plan's block {region.path!r} is not a submodule of this model: was the "
+                f"graph traced from it? ({exc})"
+            ) from exc
+        originals[region.path] = mod.__dict__.get("forward")
+        mod.forward = _checkpointed(mod.forward, _policy_for(graph, region), list(mod.buffers()))  # type: ignore[method-assign]
+    if mplan.offload:
+        offloader = _Offloader(host, mplan.offload)
+        root_forward = model.forward
+        originals[""] = model.__dict__.get("forward")
+
+        @functools.wraps(root_forward)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return root_forward(*args, **kwargs)
+            offloader.tagger = _Tagger(graph)
+            try:
+                with (
+                    offloader.tagger,
+                    torch.autograd.graph.saved_tensors_hooks(offloader.pack, offloader.unpack),
+                ):
+                    return root_forward(*args, **kwargs)
+            finally:
+                offloader.tagger = None
+
+        model.forward = forward  # type: ignore[method-assign]
+    model._remat_applied = _Applied(mplan, host, originals)  # type: ignore[assignment]
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply`: the model's modules run their own ``forward`` again."""
+    applied: _Applied | None = getattr(model, "_remat_applied", None)
+    if applied is None:
+        return model
+    for path, original in applied.originals.items():
+        mod = model.get_submodule(path) if path else model
+        if original is None:
+            mod.__dict__.pop("forward", None)
+        else:
+            mod.forward = original  # type: ignore[method-assign]
+    del model._remat_applied
+    return model
+
+
+def host_memory_of(model: nn.Module) -> HostMemory | None:
+    """The host-memory account of a model rewritten by :func:`apply` (offloaded copies)."""
+    applied: _Applied | None = getattr(model, "_remat_applied", None)
+    return applied.host if applied is not None else None
+
+
+def plan_of(model: nn.Module) -> ModulePlan | None:
+    """The module-level plan applied to ``model``, if any."""
+    applied: _Applied | None = getattr(model, "_remat_applied", None)
+    return applied.plan if applied is not None else None
+
+
+__all__ = [
+    "ModuleLevelWarning",
+    "ModulePlan",
+    "Region",
+    "apply",
+    "host_memory_of",
+    "module_plan",
+    "plan_of",
+    "remove",
+]
