@@ -12,11 +12,26 @@ become ``get_attr`` constants holding real tensors.
 
 Two things are done to make the graph mirror the eager step that it replaces:
 
-* ``aten.dropout`` is traced through its C++ composite (``bernoulli_`` noise, as eager CPU runs
-  it) instead of torch's Python decomposition to ``native_dropout``, so that the memory of the
-  saved noise and the random numbers drawn are those of the eager step.
+* ``aten.dropout`` (and upsampling, RNNs) are traced through their C++ composites, as eager CPU
+  runs them, instead of torch's Python decompositions (``native_dropout``, index arithmetic,
+  unrolled cells), so that the saved tensors and the random numbers drawn are those of the
+  eager step.
 * each module's path is recorded on the forward nodes (``meta["nn_module_stack"]``) by global
   module hooks; backward nodes take the module of the forward op with the same ``seq_nr``.
+
+Fidelity to the eager step
+--------------------------
+The IR's ``none`` plan reproduces the eager CPU step's memory (``remat.executor.measure``)
+exactly on the example models and on library-style models (manual attention with in-place
+residuals, ``nn.MultiheadAttention``, RMSNorm, upsampling, user checkpointing). What it takes:
+the C++ composites above; each backward autograd node (ops sharing a ``seq_nr``) holds its
+inputs and its formula's intermediates until its last op, as eager releases them when the node
+returns (functionalized ``copy_`` excepted); CPU loss kernels that keep an input-sized storage
+for their scalar (``mse_loss`` & co). Known differences: an in-place op on an activation is
+functionalized into a new storage, so the IR counts one extra tensor while that op runs; a
+Python local still bound after its last use keeps its tensor alive in eager until ``forward``
+returns, while the IR frees it at its last use; kernels whose fake (meta) implementation
+under-reports a saved workspace (the CPU LSTM's ``mkldnn_rnn_layer``) are under-counted.
 
 Storage mapping
 ---------------
@@ -168,19 +183,62 @@ def _as_args(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     )
 
 
+# Ops for which torch registers Python decompositions (at CompositeImplicitAutograd or
+# Autograd) that tracing uses but eager CPU does not (eager runs the C++ composite or
+# derivative). Tracing through the C++ ones keeps the graph equal to the eager step: same ops,
+# same saved tensors, same random numbers (dropout's bernoulli noise, not native_dropout's mask).
+_EAGER_COMPOSITES = (
+    "dropout.default",
+    *(
+        f"{kind}.{overload}"
+        for kind in (
+            "upsample_nearest1d",
+            "upsample_nearest2d",
+            "upsample_nearest3d",
+            "_upsample_nearest_exact1d",
+            "_upsample_nearest_exact2d",
+            "_upsample_nearest_exact3d",
+            "upsample_linear1d",
+            "upsample_bilinear2d",
+            "upsample_trilinear3d",
+            "upsample_bicubic2d",
+            "_upsample_bilinear2d_aa",
+            "_upsample_bicubic2d_aa",
+        )
+        for overload in ("default", "vec")
+    ),
+    *(
+        f"{rnn}.{overload}"
+        for rnn in ("rnn_tanh", "rnn_relu", "lstm", "gru")
+        for overload in ("input", "data")
+    ),
+    "hardshrink.default",
+    "softshrink.default",
+    "multi_margin_loss.default",
+    "multilabel_margin_loss_forward.default",
+)
+
+
 @contextlib.contextmanager
-def _eager_dropout() -> Iterator[None]:
-    """Trace ``aten.dropout`` as eager CPU runs it (see the module docstring)."""
-    op = torch.ops.aten.dropout.default
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
-    saved = op.py_kernels.pop(key, None)
-    op._dispatch_cache.clear()
+def _eager_composites() -> Iterator[None]:
+    """Trace the ops in ``_EAGER_COMPOSITES`` as eager CPU runs them."""
+    keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
+    saved: list[tuple[Any, Any, Any]] = []
+    for name in _EAGER_COMPOSITES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is None:
+            continue
+        for key in keys:
+            if key in op.py_kernels:
+                saved.append((op, key, op.py_kernels.pop(key)))
+        op._dispatch_cache.clear()
     try:
         yield
     finally:
-        if saved is not None:
-            op.py_kernels[key] = saved
-        op._dispatch_cache.clear()
+        for op, key, kernel in saved:
+            op.py_kernels[key] = kernel
+            op._dispatch_cache.clear()
 
 
 @contextlib.contextmanager
@@ -270,7 +328,7 @@ def _to_fake(mode: Any, t: torch.Tensor) -> torch.Tensor:
     return mode.from_tensor(t.detach())
 
 
-# Capture patches process-wide torch state for its duration (see _eager_dropout and
+# Capture patches process-wide torch state for its duration (see _eager_composites and
 # _allow_fake_constants): one capture at a time.
 _CAPTURE_LOCK = threading.Lock()
 
@@ -370,7 +428,7 @@ def capture(
     try:
         with (
             mode,
-            _eager_dropout(),
+            _eager_composites(),
             _allow_fake_constants(),
             fx_traceback.preserve_node_meta(),
             modules,
@@ -667,12 +725,14 @@ def _to_ir(
     producer_phase = {o: nd["phase"] for nd in ir_nodes for o in nd["outputs"]}
     for pname, a in grad_out.items():
         vid = out_value(a)
-        if producer_phase.get(vid) != "backward" or vid in owner:
+        if producer_phase.get(vid) != "backward":
             raise TraceError(
                 f"the gradient of parameter {pname!r} is not a fresh tensor made by the backward "
-                f"pass (it aliases value {vid!r}{' of ' + owner[vid] if vid in owner else ''}); "
-                "such models are not supported"
+                f"pass (it aliases value {vid!r}); such models are not supported"
             )
+        # Two parameters may get one storage as gradient (the CPU LSTM kernel returns the same
+        # tensor for both biases): one value, required once; eager copies it into the second
+        # ``.grad``, and static_bytes counts a gradient per parameter either way.
         owner[vid] = pname
         kinds[vid] = "gradient"
         if requires_grad.get(pname, True):
@@ -702,7 +762,7 @@ def _to_ir(
         )
         for vid, t in value_base.items()
     ]
-    required = [*grad_values.values(), loss_value]
+    required = [*dict.fromkeys(grad_values.values()), loss_value]
     static = _static_bytes(value_base, param_values, buffer_values, grad_values)
     graph = Graph(
         name=model_name,
@@ -753,8 +813,10 @@ def _hold_until_group_end(
     Eager autograd runs one backward node (e.g. ``BmmBackward``) as a unit: its saved tensors
     and incoming gradients are released when the whole node has run. The joint graph spells the
     node as several ops with the same ``seq_nr``; without this, a value read only by the first
-    of them would be freed between them, earlier than eager frees it. The last op of each such
-    run lists every dynamic value the run reads from outside.
+    of them would be freed between them, earlier than eager frees it. Likewise the intermediate
+    results of the node's formula (C++ locals and temporaries) live until the formula returns.
+    The last op of each such run lists every dynamic value the earlier ops of the run read or
+    make.
     """
     i = 0
     while i < len(ir_nodes):
@@ -769,13 +831,25 @@ def _hold_until_group_end(
             ):
                 j += 1
         if j - i > 1:
-            made = {o for k in range(i, j) for o in ir_nodes[k]["outputs"]}
             last = ir_nodes[j - 1]
+            # Reads from outside the run, and what earlier ops of the run made (C++ locals and
+            # temporaries of the backward formula live until it returns).
+            # ``copy_`` in a formula (CopySlices) is functionalized into ``copy``, a new
+            # storage where eager writes in place: its destination and result are not held.
+            made = {o for k in range(i, j) for o in ir_nodes[k]["outputs"]}
+            copies = {
+                v
+                for k in range(i, j)
+                if ir_nodes[k]["op"] == "aten.copy.default"
+                for v in (*ir_nodes[k]["outputs"], *ir_nodes[k]["inputs"][:1])
+            }
             extra = [
                 x
                 for k in range(i, j - 1)
-                for x in ir_nodes[k]["inputs"]
-                if x not in made and kinds.get(x) not in ("param", "buffer")
+                for x in (*ir_nodes[k]["inputs"], *ir_nodes[k]["outputs"])
+                if x not in last["outputs"]
+                and kinds.get(x) not in ("param", "buffer")
+                and (x not in copies or x not in made)
             ]
             merged = list(last["inputs"])
             for x in extra:

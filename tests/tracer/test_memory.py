@@ -120,3 +120,87 @@ def test_library_style_attention_with_in_place_ops_and_mse_loss() -> None:
     real = measure(model, (x,), loss_fn)
     assert graph.static_bytes == real.static_bytes
     assert sim.peak_dynamic_bytes == pytest.approx(real.peak_dynamic_bytes, rel=0.03)
+
+
+class RMSNormMLP(nn.Module):
+    """LLaMA-style: RMSNorm by hand (pow/mean/rsqrt), SiLU-gated MLP, residual."""
+
+    def __init__(self, d: int, layers: int) -> None:
+        super().__init__()
+        self.gains = nn.ParameterList(nn.Parameter(torch.ones(d)) for _ in range(layers))
+        self.ups = nn.ModuleList(nn.Linear(d, 2 * 3 * d, bias=False) for _ in range(layers))
+        self.downs = nn.ModuleList(nn.Linear(3 * d, d, bias=False) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for g, up, down in zip(self.gains, self.ups, self.downs, strict=True):
+            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+            a, b = up(h).chunk(2, dim=-1)
+            x = x + down(F.silu(a) * b)
+        return x
+
+
+class AttentionStack(nn.Module):
+    def __init__(self, d: int, layers: int) -> None:
+        super().__init__()
+        self.attn = nn.ModuleList(
+            nn.MultiheadAttention(d, 4, dropout=0.1, batch_first=True) for _ in range(layers)
+        )
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for attn, norm in zip(self.attn, self.norms, strict=True):
+            x = norm(attn(x, x, x, need_weights=False)[0] + x)
+        return x
+
+
+class Upsampler(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.c2 = nn.Conv2d(8, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Each result rebinds ``x``: a Python local still bound after its last use would keep
+        # its tensor alive in eager until forward returns, which the graph cannot see.
+        x = F.silu(self.norm(self.c1(x)))
+        x = F.interpolate(x, scale_factor=2, mode="nearest")
+        x = F.interpolate(x, scale_factor=0.5, mode="bilinear")
+        return self.c2(x)
+
+
+class Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 64)
+        self.b = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def block(y: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.tanh(self.a(y)))
+
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+
+
+MORE = [
+    ("rmsnorm-mlp", lambda: RMSNormMLP(32, 2), (4, 16, 32)),
+    ("multihead-attention", lambda: AttentionStack(32, 2), (2, 8, 32)),
+    ("upsample-groupnorm", Upsampler, (2, 3, 8, 8)),
+    ("user-checkpoint", Checkpointed, (4, 16)),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "shape"), MORE, ids=[m[0] for m in MORE])
+def test_more_model_styles_match_measured_peak(name, make, shape) -> None:
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(*shape)
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        return out.pow(2).mean()
+
+    graph = trace(model, (x,), loss_fn)
+    sim = simulate(graph, eager_plan(graph))
+    real = measure(model, (x,), loss_fn)
+    assert graph.static_bytes == real.static_bytes
+    assert sim.peak_dynamic_bytes == pytest.approx(real.peak_dynamic_bytes, rel=0.03)
