@@ -170,6 +170,22 @@ def module_plan(graph: Graph, plan: Plan, *, strict: bool = False) -> ModulePlan
                 not graph.node(i).recomputable or any(o in bwd_reads for o in graph.node(i).outputs)
             )
         }
+        # A checkpoint region frees only what its ops save for backward inside it; a value the
+        # block hands to later ops stays alive through them. Wrapping a block whose recomputed
+        # values are all of that kind would only add a recomputation.
+        members = set(ids)
+        leaving = {
+            o
+            for i in ids
+            for o in graph.node(i).outputs
+            if any(c.phase == "forward" and c.id not in members for c in graph.consumers_of(o))
+        }
+        if not any(o in bwd_reads and o not in leaving for i in rec for o in graph.node(i).outputs):
+            notes.append(
+                f"block {path!r}: its recomputed values leave the block, checkpointing it "
+                "would free nothing, so it is not wrapped"
+            )
+            continue
         regions.append(Region(path, tuple(ids), frozenset(save), frozenset(rec)))
     offload = {s.id for s in plan.steps if s.op == "offload"}
     in_region = {i for r in regions for i in r.nodes}
