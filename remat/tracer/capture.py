@@ -12,10 +12,12 @@ become ``get_attr`` constants holding real tensors.
 
 Two things are done to make the graph mirror the eager step that it replaces:
 
-* ``aten.dropout`` (and upsampling, RNNs) are traced through their C++ composites, as eager CPU
-  runs them, instead of torch's Python decompositions (``native_dropout``, index arithmetic,
-  unrolled cells), so that the saved tensors and the random numbers drawn are those of the
-  eager step.
+* ``aten.dropout`` (and upsampling) are traced through their C++ composites, as eager CPU
+  runs them, instead of torch's Python decompositions (``native_dropout``, index arithmetic),
+  so that the saved tensors and the random numbers drawn are those of the eager step. RNNs
+  are decomposed into cells (torch's decomposition, with mkldnn off while tracing): the fused
+  CPU kernel (``mkldnn_rnn_layer``) has no usable fake implementation of its saved workspace,
+  and its joint graph cannot run.
 * each module's path is recorded on the forward nodes (``meta["nn_module_stack"]``) by global
   module hooks; backward nodes take the module of the forward op with the same ``seq_nr``.
 
@@ -30,8 +32,8 @@ returns (functionalized ``copy_`` excepted); CPU loss kernels that keep an input
 for their scalar (``mse_loss`` & co). Known differences: an in-place op on an activation is
 functionalized into a new storage, so the IR counts one extra tensor while that op runs; a
 Python local still bound after its last use keeps its tensor alive in eager until ``forward``
-returns, while the IR frees it at its last use; kernels whose fake (meta) implementation
-under-reports a saved workspace (the CPU LSTM's ``mkldnn_rnn_layer``) are under-counted.
+returns, while the IR frees it at its last use; RNNs are traced as unrolled cells, where eager
+CPU runs a fused kernel with its own saved workspace.
 
 Storage mapping
 ---------------
@@ -207,11 +209,6 @@ _EAGER_COMPOSITES = (
         )
         for overload in ("default", "vec")
     ),
-    *(
-        f"{rnn}.{overload}"
-        for rnn in ("rnn_tanh", "rnn_relu", "lstm", "gru")
-        for overload in ("input", "data")
-    ),
     "hardshrink.default",
     "softshrink.default",
     "multi_margin_loss.default",
@@ -239,6 +236,15 @@ def _eager_composites() -> Iterator[None]:
         for op, key, kernel in saved:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def _no_fused_cpu_rnn() -> Iterator[None]:
+    """RNNs decompose into cells instead of ``mkldnn_rnn_layer``, whose saved workspace its fake
+    implementation leaves undefined (the joint graph then cannot run). Only torch's RNN
+    decomposition reads this flag while tracing; convolutions stay ``aten.convolution``."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
 
 
 @contextlib.contextmanager
@@ -429,6 +435,7 @@ def capture(
         with (
             mode,
             _eager_composites(),
+            _no_fused_cpu_rnn(),
             _allow_fake_constants(),
             fx_traceback.preserve_node_meta(),
             modules,

@@ -18,6 +18,7 @@ copy, medians of a few repeats) and cached as JSON under ``$REMAT_CACHE_DIR`` or
 from __future__ import annotations
 
 import json
+import operator
 import os
 import platform
 import statistics
@@ -31,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 from remat.ir import DeviceProfile, Graph
 from remat.ir.devices import get_profile, roofline_time_s
-from remat.tracer.capture import Capture
+from remat.tracer.capture import Capture, TraceError
 
 FLOPS_SECONDS_PER_FLOP = 1e-12
 
@@ -157,8 +158,26 @@ def apply_costs(
     elif resolved == "measure":
         if model is None:
             raise ValueError("cost='measure' needs the model and its example inputs")
-        times = measure_node_times(cap, model, example_inputs, repeats=repeats)
+        real_sizes: dict[str, int] = {}
+        times = measure_node_times(
+            cap, model, example_inputs, repeats=repeats, sizes_out=real_sizes
+        )
         device = cpu_profile()
+        # Kernels whose fake implementation under-reports a storage (a saved workspace) get
+        # the size the real kernel allocated.
+        values = tuple(
+            v.model_copy(update={"size_bytes": real_sizes[v.id]})
+            if v.id in real_sizes and not graph.is_static(v.id) and real_sizes[v.id] != v.size_bytes
+            else v
+            for v in graph.values
+        )
+        graph = Graph(
+            name=graph.name,
+            nodes=graph.nodes,
+            values=values,
+            required=graph.required,
+            static_bytes=graph.static_bytes,
+        )
     else:
         assert isinstance(resolved, DeviceProfile)
         device = resolved
@@ -178,9 +197,17 @@ def apply_costs(
 
 
 def measure_node_times(
-    cap: Capture, model: Any, example_inputs: Any, *, repeats: int = 3
+    cap: Capture,
+    model: Any,
+    example_inputs: Any,
+    *,
+    repeats: int = 3,
+    sizes_out: dict[str, int] | None = None,
 ) -> dict[str, float]:
-    """Run the joint graph once on real tensors, timing each IR node (median of ``repeats``)."""
+    """Run the joint graph once on real tensors, timing each IR node (median of ``repeats``).
+
+    When ``sizes_out`` is given it receives the real storage size of each value a node makes.
+    """
     params = cap.primals(model, example_inputs)
     for t in params:
         if t.device.type == "meta":
@@ -189,6 +216,7 @@ def measure_node_times(
                 "not on the meta device (use cost='cpu' or a device profile instead)"
             )
     times: dict[str, float] = {}
+    graph = cap.graph
     wanted = set(cap.node_fx)
     name_of = {fx.name: nid for nid, fx in cap.node_fx.items()}
 
@@ -200,9 +228,25 @@ def measure_node_times(
             result: Any = None
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                result = super().run_node(n)
+                try:
+                    result = super().run_node(n)
+                except Exception as exc:
+                    node = graph.node(name_of[n.name])
+                    where = f" in module {node.module!r}" if node.module else ""
+                    raise TraceError(
+                        f"cost='measure': op {node.op} (node {node.id!r}){where} failed on real "
+                        f"tensors: {type(exc).__name__}: {exc}",
+                        op=node.op,
+                        module=node.module,
+                    ) from exc
                 samples.append(time.perf_counter() - t0)
-            times[name_of[n.name]] = statistics.median(samples)
+            nid = name_of[n.name]
+            times[nid] = statistics.median(samples)
+            if sizes_out is not None:
+                for vid in graph.node(nid).outputs:
+                    t = _element(result, cap.value_fx[vid], n, vid)
+                    if isinstance(t, torch.Tensor):
+                        sizes_out[vid] = int(t.untyped_storage().nbytes())
             return result
 
     with torch.no_grad():
@@ -211,3 +255,14 @@ def measure_node_times(
         tangents = [torch.ones((), dtype=loss_dtype)]
         Timer(cap.joint).run(primals, tangents)
     return times
+
+
+def _element(result: Any, base: torch.fx.Node, n: torch.fx.Node, vid: str) -> Any:
+    """The tensor of value ``vid`` in the result of FX node ``n``."""
+    if base is n and "#" not in vid:
+        return result
+    if base.target is operator.getitem and base.args[0] is n:
+        return result[base.args[1]]
+    if "#" in vid:
+        return result[int(vid.rpartition("#")[2])]
+    return None
