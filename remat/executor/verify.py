@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from remat.executor.measure import MemoryMeasurement, measure
-from remat.executor.opexec import CompiledStep, ExecutorError, _plan_of, compile_step
+from remat.executor.opexec import ExecutorError, _plan_of, compile_step
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.budget import format_bytes
 
@@ -117,32 +117,50 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _eager_step(model: nn.Module, inputs: Any, loss_fn: LossFn | None) -> Callable[[], None]:
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
+def _forward(model: nn.Module, inputs: Any) -> Any:
+    """``model`` called on example inputs as the tracer reads them (tensor, tuple/list, dict)."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
 
-    def step() -> None:
-        out = model(*args)
+
+def _eager_step(
+    model: nn.Module, inputs: Any, loss_fn: LossFn | None
+) -> Callable[[], torch.Tensor]:
+    """``loss.backward()`` of the plain model; returns the detached loss."""
+
+    def step() -> torch.Tensor:
+        out = _forward(model, inputs)
         loss = loss_fn(out) if loss_fn is not None else out
         del out
         loss.backward()
+        return loss.detach()
 
     return step
 
 
-def _median_step_s(run: Callable[[], Any], model: nn.Module, repeats: int, seed: int) -> float:
-    device = next(model.parameters()).device
-    times = []
-    for _ in range(repeats):
-        for p in model.parameters():
-            p.grad = None
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            t0 = time.perf_counter()
-            run()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _interleaved_step_s(
+    runs: list[tuple[Callable[[], Any], nn.Module]], repeats: int, seed: int
+) -> list[float]:
+    """Median seconds of each step, timed in turns (eager, remat, eager, ...) after one warm-up
+    round, so that load from other processes hits both alike."""
+    device = next(runs[0][1].parameters()).device
+    samples: list[list[float]] = [[] for _ in runs]
+    for r in range(repeats + 1):
+        for k, (run, model) in enumerate(runs):
+            for p in model.parameters():
+                p.grad = None
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(seed)
+                t0 = time.perf_counter()
+                run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if r:
+                    samples[k].append(time.perf_counter() - t0)
+    return [statistics.median(s) for s in samples]
 
 
 def verify(
@@ -195,48 +213,40 @@ def verify(
     eager_sim = simulate(graph, eager_plan(graph))
     rng_devices = [device] if device.type == "cuda" else []
 
+    losses: dict[str, torch.Tensor] = {}
+
+    def keeping_loss(key: str, run: Callable[[], Any]) -> Callable[[], None]:
+        def step() -> None:
+            losses[key] = run()
+
+        return step
+
     ref = copy.deepcopy(model)
     ref_step = _eager_step(ref, inputs, loss_fn)
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
-        ref_mem = measure(ref, inputs, loss_fn, step=_capture_loss(ref_step, ref, inputs, loss_fn))
-    ref_loss = _LAST_LOSS.pop("loss", None)
+        ref_mem = measure(ref, inputs, loss_fn, step=keeping_loss("eager", ref_step))
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
 
     run_model = copy.deepcopy(model)
-    host_peak = 0
+    host: Any
     if executor == "op":
-        step: Any = compile_step(run_model, inputs, loss_fn, plan, capture=capture)
+        step = compile_step(run_model, inputs, loss_fn, plan, capture=capture)
         run: Callable[[], Any] = step
+        host = step.host
     else:
-        from remat.executor.module import apply
+        from remat.executor.module import apply, host_memory_of
 
         apply(run_model, result, graph)
-        step = None
         run = _eager_step(run_model, inputs, loss_fn)
+        host = host_memory_of(run_model)
+    if host is not None:
+        host.reset_peak()
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
-        if isinstance(step, CompiledStep):
-            step.host.reset_peak()
-            holder: dict[str, Any] = {}
-
-            def op_run() -> None:
-                holder["loss"] = step()
-
-            mem = measure(run_model, inputs, loss_fn, step=op_run)
-            loss = holder.pop("loss")
-            host_peak = step.host.peak_bytes
-        else:
-            from remat.executor.module import host_memory_of
-
-            hm = host_memory_of(run_model)
-            if hm is not None:
-                hm.reset_peak()
-            mem = measure(
-                run_model, inputs, loss_fn, step=_capture_loss(run, run_model, inputs, loss_fn)
-            )
-            loss = _LAST_LOSS.pop("loss", None)
-            host_peak = hm.peak_bytes if hm is not None else 0
+        mem = measure(run_model, inputs, loss_fn, step=keeping_loss("remat", run))
+    host_peak = host.peak_bytes if host is not None else 0
+    loss, ref_loss = losses.get("remat"), losses.get("eager")
     diff, equal = _grad_diff(ref_grads, dict(run_model.named_parameters()))
     loss_diff = (
         float((loss.detach() - ref_loss.detach()).abs().max())
@@ -246,8 +256,7 @@ def verify(
 
     remat_s = eager_s = None
     if repeats > 0:
-        eager_s = _median_step_s(ref_step, ref, repeats, seed)
-        remat_s = _median_step_s(run, run_model, repeats, seed)
+        eager_s, remat_s = _interleaved_step_s([(ref_step, ref), (run, run_model)], repeats, seed)
     solver = getattr(result, "solver", "plan")
     status = getattr(result, "status", "")
     budget = getattr(result, "budget_bytes", None)
@@ -278,25 +287,6 @@ def verify(
         remat_step_s=remat_s,
         eager_step_s=eager_s,
     )
-
-
-_LAST_LOSS: dict[str, torch.Tensor] = {}
-
-
-def _capture_loss(
-    run: Callable[[], None], model: nn.Module, inputs: Any, loss_fn: LossFn | None
-) -> Callable[[], None]:
-    """An eager step that also keeps the (detached) loss for the report."""
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-
-    def step() -> None:
-        out = model(*args)
-        loss = loss_fn(out) if loss_fn is not None else out
-        del out
-        loss.backward()
-        _LAST_LOSS["loss"] = loss.detach()
-
-    return step
 
 
 def _grad_diff(
