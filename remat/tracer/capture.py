@@ -243,8 +243,13 @@ def _no_fused_cpu_rnn() -> Iterator[None]:
     """RNNs decompose into cells instead of ``mkldnn_rnn_layer``, whose saved workspace its fake
     implementation leaves undefined (the joint graph then cannot run). Only torch's RNN
     decomposition reads this flag while tracing; convolutions stay ``aten.convolution``."""
-    with torch.backends.mkldnn.flags(enabled=False):
+    # (torch.backends.mkldnn.flags() would also touch TF32 settings, with a warning each time.)
+    saved = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
         yield
+    finally:
+        torch._C._set_mkldnn_enabled(saved)
 
 
 @contextlib.contextmanager
