@@ -250,9 +250,12 @@ def _measure_cuda(
     opt_tensors: list[torch.Tensor],
     device: torch.device,
 ) -> MemoryMeasurement:
-    """Allocator statistics: the dynamic peak is the step's peak minus what was allocated before
-    it (inputs excepted) minus the gradients it leaves, an upper bound on the true dynamic peak
-    would need the gradients' allocation times, which the allocator does not report."""
+    """Allocator statistics. The dynamic peak is the step's peak allocation minus what was
+    allocated before the step (inputs excepted) minus the gradients left in ``.grad``. The
+    allocator does not say when each gradient was allocated, so gradients that did not exist yet
+    at the peak make this an underestimate by at most their bytes; allocator rounding (512-byte
+    blocks) makes small tensors count a little more than their ``nbytes``.
+    """
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)

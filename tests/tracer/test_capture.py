@@ -276,3 +276,10 @@ def test_backward_autograd_nodes_hold_their_inputs_to_the_end(gpt) -> None:
             if a.name in cap.fx_value
         }
         assert own <= set(nodes[-1].inputs)
+
+
+def test_remat_trace_is_the_tracer() -> None:
+    import remat
+    import remat.tracer
+
+    assert remat.trace is remat.tracer.trace
