@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--cost", default="h100")
+    parser.add_argument("--target", default=None, help="cpu or cuda (default: from --cost)")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -46,7 +47,7 @@ def main() -> None:
     model, inputs, loss_fn = gpt_1b(batch=args.batch, seq=args.seq)
     n_params = sum(p.numel() for p in model.parameters())
     t1 = time.perf_counter()
-    graph = trace(model, inputs, loss_fn, cost=args.cost)
+    graph = trace(model, inputs, loss_fn, cost=args.cost, target=args.target)
     t_trace = time.perf_counter() - t1
     sim = simulate(graph, eager_plan(graph))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -125,6 +125,8 @@ class Capture:
         ``("none", "")``.
     fake
         Whether the capture ran on fake tensors.
+    target
+        ``"cpu"`` or ``"cuda"``: whose eager step the graph mirrors (see :func:`capture`).
     """
 
     joint: torch.fx.GraphModule
@@ -148,6 +150,7 @@ class Capture:
     output_roles: list[tuple[str, str]]
     fake: bool
     requires_grad: dict[str, bool] = field(default_factory=dict)
+    target: str = "cpu"
 
     def run(self, primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> list[Any]:
         """Run the joint graph; one result per :attr:`output_roles` entry (None where none)."""
@@ -217,11 +220,14 @@ _EAGER_COMPOSITES = (
 
 
 @contextlib.contextmanager
-def _eager_composites() -> Iterator[None]:
-    """Trace the ops in ``_EAGER_COMPOSITES`` as eager CPU runs them."""
+def _eager_composites(*, keep_fused_dropout: bool = False) -> Iterator[None]:
+    """Trace the ops in ``_EAGER_COMPOSITES`` as eager runs them (dropout as on the CPU unless
+    ``keep_fused_dropout``: CUDA runs ``native_dropout``, as torch's decomposition does)."""
     keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
     saved: list[tuple[Any, Any, Any]] = []
     for name in _EAGER_COMPOSITES:
+        if keep_fused_dropout and name == "dropout.default":
+            continue
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
         if op is None:
@@ -312,15 +318,18 @@ class _ModuleTracker:
 class _OpRecorder(TorchFunctionMode):
     """Remembers the torch function that raised last, and in which module, for error messages."""
 
-    def __init__(self, modules: _ModuleTracker) -> None:
+    def __init__(self, modules: _ModuleTracker, *, fused_attention: bool = False) -> None:
         super().__init__()
         self.modules = modules
+        self.fused_attention = fused_attention
         self.failed: tuple[str, str, BaseException] | None = None
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         try:
+            if self.fused_attention and func is torch.nn.functional.scaled_dot_product_attention:
+                return _fused_attention(*args, **(kwargs or {}))
             return func(*args, **(kwargs or {}))
         except Exception as exc:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
@@ -329,6 +338,29 @@ class _OpRecorder(TorchFunctionMode):
                 name = f"{mod}.{name}"
             self.failed = (str(name), self.modules.current(), exc)
             raise
+
+
+def _fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as a fused kernel (output and logsumexp saved, no
+    attention matrix), which is what CUDA runs, dropout included; the CPU picks the unfused
+    math path when dropout is on. Used for ``target="cuda"``."""
+    if enable_gqa:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True
+        )
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )
+    return out
 
 
 def _to_fake(mode: Any, t: torch.Tensor) -> torch.Tensor:
@@ -350,6 +382,7 @@ def capture(
     loss_fn: LossFn | None = None,
     *,
     fake: bool = True,
+    target: str = "cpu",
 ) -> Capture:
     """Capture one training step of ``model`` as a joint FX graph and its IR graph.
 
@@ -365,6 +398,14 @@ def capture(
         The capture always runs on fake tensors (as ``aot_function`` does), so no memory the
         size of the model is allocated; ``fake=False`` only asserts that the model is real
         (not on the meta device), as ``cost="measure"`` needs, and is recorded.
+    target
+        ``"cpu"`` (default): the graph is the eager CPU step (its memory matches
+        :func:`remat.executor.measure` on the CPU; it runs on the CPU with the eager gradients).
+        ``"cuda"``: ops are chosen as CUDA eager runs them, for planning a GPU from a CPU:
+        dropout saves a 1-byte mask (``native_dropout``) instead of CPU's float noise, and
+        attention is a fused kernel that saves its output and logsumexp, never the attention
+        matrix (the CPU runs the unfused math path when attention has dropout). Such a graph is
+        for planning; it need not run on the CPU.
 
     Raises
     ------
@@ -373,6 +414,8 @@ def capture(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"target must be 'cpu' or 'cuda', got {target!r}")
     args = _as_args(example_inputs)
     flat_args, input_spec = pytree.tree_flatten(args)
     tensor_pos = [i for i, x in enumerate(flat_args) if isinstance(x, torch.Tensor)]
@@ -432,14 +475,14 @@ def capture(
         return make_boxed_func(gm.forward)
 
     modules = _ModuleTracker(model)
-    recorder = _OpRecorder(modules)
+    recorder = _OpRecorder(modules, fused_attention=target == "cuda")
     # aot_function traces on fake tensors in any case (it makes its own FakeTensorMode for real
     # inputs, one that rejects the real tensors a model closes over); ours accepts them.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with (
             mode,
-            _eager_composites(),
+            _eager_composites(keep_fused_dropout=target == "cuda"),
             _no_fused_cpu_rnn(),
             _allow_fake_constants(),
             fx_traceback.preserve_node_meta(),
@@ -491,7 +534,7 @@ def capture(
             f"unexpected joint graph: {num_fwd} forward outputs for {len(mutated)} mutated "
             "buffers and one loss (does the loss alias an intermediate tensor?)"
         )
-    return _to_ir(
+    cap = _to_ir(
         joint,
         model_name=type(model).__name__,
         param_names=param_names,
@@ -503,6 +546,8 @@ def capture(
         input_constants=input_constants,
         fake=fake,
     )
+    cap.target = target
+    return cap
 
 
 # -- FX -> IR ---------------------------------------------------------------------------------

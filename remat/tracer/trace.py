@@ -13,7 +13,7 @@ from torch import nn
 
 from remat.ir import DeviceProfile, Graph
 from remat.tracer.capture import Capture, LossFn, TraceError, capture
-from remat.tracer.costs import Cost, apply_costs
+from remat.tracer.costs import Cost, apply_costs, resolve_cost
 
 
 def trace(
@@ -24,6 +24,7 @@ def trace(
     cost: Cost = "flops",
     optimizer: torch.optim.Optimizer | None = None,
     fake: bool = True,
+    target: str | None = None,
 ) -> Graph:
     """Trace one training step of ``model`` into a costed graph.
 
@@ -45,6 +46,10 @@ def trace(
     fake
         Tracing always runs on fake tensors, so no memory the size of the model is needed (a
         model on the meta device traces too); ``fake=False`` asserts that the model is real.
+    target
+        Whose eager step the graph mirrors: ``"cpu"`` or ``"cuda"`` (see
+        :func:`remat.tracer.capture`). By default ``"cuda"`` when ``cost`` is a GPU profile
+        (``"a100"``, ``"h100"``, ``"h200"`` or any profile not named ``cpu*``), else ``"cpu"``.
 
     Returns
     -------
@@ -58,7 +63,7 @@ def trace(
         When the model cannot be traced (the message names the op and the module).
     """
     return trace_capture(
-        model, example_inputs, loss_fn, cost=cost, optimizer=optimizer, fake=fake
+        model, example_inputs, loss_fn, cost=cost, optimizer=optimizer, fake=fake, target=target
     ).graph
 
 
@@ -70,10 +75,15 @@ def trace_capture(
     cost: Cost = "flops",
     optimizer: torch.optim.Optimizer | None = None,
     fake: bool = True,
+    target: str | None = None,
 ) -> Capture:
     """As :func:`trace`, but return the whole :class:`Capture` (its ``graph`` is costed)."""
-    cap = capture(model, example_inputs, loss_fn, fake=fake)
-    graph = apply_costs(cap, cost, model=model, example_inputs=example_inputs)
+    resolved = resolve_cost(cost)
+    if target is None:
+        gpu = isinstance(resolved, DeviceProfile) and not resolved.name.startswith("cpu")
+        target = "cuda" if gpu else "cpu"
+    cap = capture(model, example_inputs, loss_fn, fake=fake, target=target)
+    graph = apply_costs(cap, resolved, model=model, example_inputs=example_inputs)
     if optimizer is not None:
         extra = optimizer_state_bytes(optimizer, model)
         graph = Graph(
@@ -182,10 +192,12 @@ def load_spec(spec: str) -> tuple[nn.Module, Any, LossFn | None]:
     return model, inputs, loss_fn
 
 
-def trace_spec(spec: str, *, cost: Cost = "flops", fake: bool = True) -> Graph:
+def trace_spec(
+    spec: str, *, cost: Cost = "flops", fake: bool = True, target: str | None = None
+) -> Graph:
     """Load ``MODULE:FUNCTION`` (see :func:`load_spec`) and :func:`trace` what it returns."""
     model, inputs, loss_fn = load_spec(spec)
-    return trace(model, inputs, loss_fn, cost=cost, fake=fake)
+    return trace(model, inputs, loss_fn, cost=cost, fake=fake, target=target)
 
 
 __all__ = [

@@ -283,3 +283,38 @@ def test_remat_trace_is_the_tracer() -> None:
     import remat.tracer
 
     assert remat.trace is remat.tracer.trace
+
+
+def test_cuda_target_plans_fused_dropout_and_attention() -> None:
+    model, inputs, loss_fn = small_gpt()
+    cpu = capture(model, inputs, loss_fn)
+    gpu = capture(model, inputs, loss_fn, target="cuda")
+    assert (cpu.target, gpu.target) == ("cpu", "cuda")
+    cpu_ops = {n.op for n in cpu.graph.nodes}
+    gpu_ops = {n.op for n in gpu.graph.nodes}
+    # CPU eager: bernoulli noise, attention by the unfused math path (dropout is on).
+    assert "aten.bernoulli.p" in cpu_ops and "aten.native_dropout.default" not in cpu_ops
+    assert "aten._safe_softmax.default" in cpu_ops
+    # CUDA eager: a 1-byte dropout mask and a fused attention kernel.
+    assert "aten.native_dropout.default" in gpu_ops and "aten.bernoulli.p" not in gpu_ops
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in gpu_ops
+    assert "aten._safe_softmax.default" not in gpu_ops
+    masks = [
+        gpu.graph.value(v)
+        for n in gpu.graph.nodes
+        if n.op == "aten.native_dropout.default"
+        for v in n.outputs
+    ]
+    assert {m.dtype for m in masks} == {"float32", "bool"}
+    cpu_peak = simulate(cpu.graph, eager_plan(cpu.graph)).peak_dynamic_bytes
+    gpu_peak = simulate(gpu.graph, eager_plan(gpu.graph)).peak_dynamic_bytes
+    assert gpu_peak < cpu_peak
+    assert {n.op for n in gpu.graph.nodes if n.rng} == {
+        "aten.native_dropout.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    }
+    # trace() picks the target from the cost model.
+    assert any("flash_attention" in n.op for n in trace(model, inputs, loss_fn, cost="h100").nodes)
+    assert not any("flash_attention" in n.op for n in trace(model, inputs, loss_fn).nodes)
+    with pytest.raises(ValueError, match="target"):
+        capture(model, inputs, loss_fn, target="tpu")
