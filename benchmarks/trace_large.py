@@ -53,7 +53,7 @@ def main() -> None:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(
         f"torch {torch.__version__}; model: {n_params / 1e9:.3f} B parameters, "
-        f"batch {args.batch} x seq {args.seq}, cost={args.cost}"
+        f"batch {args.batch} x seq {args.seq}, cost={args.cost}, target={args.target or 'auto'}"
     )
     print(
         f"graph: {graph.num_nodes} nodes, {graph.num_values} values; static "
