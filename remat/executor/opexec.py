@@ -84,8 +84,9 @@ class StepSource:
 class _CodeGen:
     """Generates the step function of one plan over one capture."""
 
-    def __init__(self, cap: Any, plan: Plan, device: torch.device) -> None:
+    def __init__(self, cap: Any, plan: Plan, device: torch.device, *, probe: bool = False) -> None:
         self.cap = cap
+        self.probe = probe
         self.graph: Graph = cap.graph
         self.plan = plan
         self.device = device
@@ -215,6 +216,7 @@ class _CodeGen:
         ev_pending: set[str] = set()
         lines = out
         lines.append(f"def _remat_step({args}):")
+        resident: set[str] = set()  # produced values bound to a variable now
         for i, s in enumerate(self.plan.steps):
             if s.op == "compute":
                 node = graph.node(s.id)
@@ -225,6 +227,19 @@ class _CodeGen:
                         ev_pending.discard(x)
                 call = self.call(fx)
                 is_first = s.id not in done
+                present = [o for o in node.outputs if o in resident]
+                if present and len(present) == len(node.outputs):
+                    # Every output is still on the device: the simulator allocates nothing and
+                    # the recomputation would give the same tensors; skip it.
+                    lines.append(f"    # recompute {s.id}: its outputs are still here, skipped")
+                    if self.probe:
+                        lines.append(f"    _probe({i})")
+                    continue
+                if present:
+                    # Some outputs are still here: release them first, so that the new copies
+                    # do not coexist with the old ones (the simulator counts them once).
+                    lines.append("    del " + ", ".join(f"v_{_ident(o)}" for o in present))
+                resident.update(node.outputs)
                 if s.id in replay:
                     st = f"rng_{_ident(s.id)}"
                     get, put = self._rng_fns(fx)
@@ -258,7 +273,9 @@ class _CodeGen:
                         )
             elif s.op == "free":
                 lines.append(f"    del v_{_ident(s.id)}")
+                resident.discard(s.id)
             elif s.op == "offload":
+                resident.discard(s.id)
                 v = _ident(s.id)
                 if s.id in prefetched:
                     lines.append(f"    del v_{v}  # offload: the host copy is still valid")
@@ -268,6 +285,7 @@ class _CodeGen:
                     lines.append(f"    h_{v} = _host.offload(v_{v}); del v_{v}")
                 prefetched.setdefault(s.id, 0)
             elif s.op == "prefetch":
+                resident.add(s.id)
                 v = _ident(s.id)
                 lines.append(f"    v_{v}, e_{v} = _host.prefetch(h_{v})")
                 if self.device.type == "cuda":
@@ -276,6 +294,8 @@ class _CodeGen:
                     lines.append(f"    del e_{v}")
                 if last_prefetch[s.id] == i:
                     lines.append(f"    del h_{v}")
+            if self.probe:
+                lines.append(f"    _probe({i})")
         for old, o in pending_buffers:
             lines.append(f"    v_{_ident(old)}.copy_({self.expr(cap.value_fx[o])})")
         out_node = next(n for n in reversed(list(cap.joint.graph.nodes)) if n.op == "output")
@@ -403,6 +423,7 @@ def compile_step(
     result: Any,
     *,
     capture: Any = None,
+    probe: Callable[[int], None] | None = None,
 ) -> CompiledStep:
     """Compile the plan of ``result`` (a :class:`~remat.solver.SolveResult` or a
     :class:`~remat.ir.Plan`) into a training step of ``model``.
@@ -417,6 +438,9 @@ def compile_step(
     capture
         A :class:`remat.tracer.Capture` of this step (e.g. from ``remat.tracer.trace_capture``),
         to skip capturing again.
+    probe
+        Called with the step's index after each plan step runs (for debugging: compare live
+        memory with the simulator's ``timeline_bytes``).
 
     Returns
     -------
@@ -444,11 +468,12 @@ def compile_step(
         ) from exc
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device if params else torch.device("cpu")
-    gen = _CodeGen(capture, plan, device)
+    gen = _CodeGen(capture, plan, device, probe=probe is not None)
     src = gen.generate()
     host = HostMemory(device)
     g = dict(src.globals)
     g["_host"] = host
+    g["_probe"] = probe
     code = compile(src.source, f"<remat step {graph.name}>", "exec")
     exec(code, g)  # our own generated source
     return CompiledStep(

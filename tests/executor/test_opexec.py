@@ -244,3 +244,18 @@ def test_keep_plan_checkpoints_every_other_value() -> None:
     run_model, mem, _ = _run("vit", plan)
     _assert_same_grads(run_model, grads)
     assert mem.peak_dynamic_bytes == simulate(graph, plan).peak_dynamic_bytes
+
+
+def test_recomputing_a_value_still_on_the_device_allocates_nothing() -> None:
+    """The simulator allocates nothing for a compute whose outputs are all resident (MILP plans
+    do this); the executor skips it rather than holding two copies for a moment."""
+    _, _, _, cap, grads, _ = _setup("mlp")
+    graph = cap.graph
+    steps = list(eager_plan(graph).steps)
+    first = steps[0].id
+    steps.insert(1, Step(op="compute", id=first))
+    plan = Plan(steps=tuple(steps))
+    run_model, mem, step = _run("mlp", plan)
+    assert f"# recompute {first}: its outputs are still here, skipped" in step.source
+    _assert_same_grads(run_model, grads)
+    assert mem.peak_dynamic_bytes == simulate(graph, plan).peak_dynamic_bytes
