@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--cost", default="h100")
-    parser.add_argument("--target", default=None, help="cpu or cuda (default: from --cost)")
+    parser.add_argument("--target", default="cuda", help="whose eager step: cpu or cuda")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -53,7 +53,7 @@ def main() -> None:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(
         f"torch {torch.__version__}; model: {n_params / 1e9:.3f} B parameters, "
-        f"batch {args.batch} x seq {args.seq}, cost={args.cost}, target={args.target or 'auto'}"
+        f"batch {args.batch} x seq {args.seq}, cost={args.cost}, target={args.target}"
     )
     print(
         f"graph: {graph.num_nodes} nodes, {graph.num_values} values; static "

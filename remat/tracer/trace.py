@@ -47,9 +47,10 @@ def trace(
         Tracing always runs on fake tensors, so no memory the size of the model is needed (a
         model on the meta device traces too); ``fake=False`` asserts that the model is real.
     target
-        Whose eager step the graph mirrors: ``"cpu"`` or ``"cuda"`` (see
-        :func:`remat.tracer.capture`). By default ``"cuda"`` when ``cost`` is a GPU profile
-        (``"a100"``, ``"h100"``, ``"h200"`` or any profile not named ``cpu*``), else ``"cpu"``.
+        Whose eager step the graph mirrors: ``"cpu"`` (default) or ``"cuda"`` (see
+        :func:`remat.tracer.capture`). Pass ``"cuda"`` with a GPU cost profile to plan a GPU's
+        memory (fused dropout and attention); keep ``"cpu"`` for a plan that the executors run
+        on this machine, since they capture the CPU step and node ids must match.
 
     Returns
     -------
@@ -79,10 +80,7 @@ def trace_capture(
 ) -> Capture:
     """As :func:`trace`, but return the whole :class:`Capture` (its ``graph`` is costed)."""
     resolved = resolve_cost(cost)
-    if target is None:
-        gpu = isinstance(resolved, DeviceProfile) and not resolved.name.startswith("cpu")
-        target = "cuda" if gpu else "cpu"
-    cap = capture(model, example_inputs, loss_fn, fake=fake, target=target)
+    cap = capture(model, example_inputs, loss_fn, fake=fake, target=target or "cpu")
     graph = apply_costs(cap, resolved, model=model, example_inputs=example_inputs)
     if optimizer is not None:
         extra = optimizer_state_bytes(optimizer, model)
