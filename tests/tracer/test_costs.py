@@ -122,6 +122,14 @@ def test_measured_cost_times_every_node(tmp_path, monkeypatch) -> None:
     assert g.device is not None and g.device.name == "cpu-local"
 
 
+def test_measured_storage_sizes_equal_the_fake_ones(tmp_path, monkeypatch) -> None:
+    """cost='measure' also records real storage sizes; on these models fake ones are exact."""
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    model, inputs, loss_fn = build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1)
+    measured = trace(model, inputs, loss_fn, cost="measure")
+    assert measured.values == trace(model, inputs, loss_fn).values
+
+
 def test_measure_needs_a_real_model() -> None:
     model, inputs, loss_fn = build_gpt(
         batch=1, seq=8, vocab=32, d_model=16, n_layers=1, n_heads=2, device="meta"
