@@ -50,6 +50,7 @@ updated buffers and graph constants, ``loss``, ``gradient`` for values made in t
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ from torch.utils import _pytree as pytree
 from remat.ir import Graph, Node, Value
 from remat.ir.errors import RematError
 from remat.tracer.flops import node_flops
+
+_getitem = operator.getitem
 
 
 class TraceError(RematError, ValueError):
@@ -851,11 +854,6 @@ def _to_ir(
         fake=fake,
         requires_grad=requires_grad,
     )
-
-
-import operator  # noqa: E402
-
-_getitem = operator.getitem
 
 
 def _meta_val(x: Any) -> Any:
