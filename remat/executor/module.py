@@ -299,7 +299,7 @@ class _Tagger(TorchDispatchMode):
                     continue
                 for vid in todo:
                     v = self.graph.value(vid)
-                    if tuple(v.shape) == tuple(t.shape):
+                    if v.shape is not None and tuple(v.shape) == tuple(t.shape):
                         todo.remove(vid)
                         st = t.untyped_storage()
                         self.value_of[id(st)] = vid
@@ -447,7 +447,7 @@ def apply(
                 f"graph traced from it? ({exc})"
             ) from exc
         originals[region.path] = mod.__dict__.get("forward")
-        mod.forward = _checkpointed(mod.forward, _policy_for(graph, region), list(mod.buffers()))  # type: ignore[method-assign]
+        mod.forward = _checkpointed(mod.forward, _policy_for(graph, region), list(mod.buffers()))
     if mplan.offload:
         offloader = _Offloader(host, mplan.offload)
         root_forward = model.forward
@@ -467,7 +467,7 @@ def apply(
             finally:
                 offloader.tagger = None
 
-        model.forward = forward  # type: ignore[method-assign]
+        model.forward = forward
     model._remat_applied = _Applied(mplan, host, originals)  # type: ignore[assignment]
     return model
 
@@ -482,7 +482,7 @@ def remove(model: nn.Module) -> nn.Module:
         if original is None:
             mod.__dict__.pop("forward", None)
         else:
-            mod.forward = original  # type: ignore[method-assign]
+            mod.forward = original
     del model._remat_applied
     return model
 

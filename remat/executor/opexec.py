@@ -466,7 +466,7 @@ def compile_step(
             f"{graph.num_nodes} nodes): {exc}. Solve on remat.trace() of the same model, inputs "
             "and loss_fn"
         ) from exc
-    params = dict(model.named_parameters())
+    params: dict[str, torch.Tensor] = dict(model.named_parameters())
     device = next(iter(params.values())).device if params else torch.device("cpu")
     gen = _CodeGen(capture, plan, device, probe=probe is not None)
     src = gen.generate()
