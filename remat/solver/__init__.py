@@ -14,7 +14,14 @@ from typing import Any
 
 from remat.ir import Graph
 from remat.ir.budget import BudgetSpec, resolve_budget
-from remat.solver import baselines, milp, rotor
+from remat.solver import (  # noqa: F401  (importing a solver module registers it)
+    auto,
+    baselines,
+    lp_round,
+    milp,
+    pofo,
+    rotor,
+)
 from remat.solver.base import (
     Solver,
     SolveResult,

@@ -9,7 +9,8 @@ per stage, Checkmate's "frontier-advancing" partial order). Binary variables:
 
 and continuous ones: ``F[t, v, k]`` (``v`` is freed right after node ``k`` in stage ``t``, allowed
 only when nothing later in the stage reads it and it is not kept into stage ``t + 1``),
-``A[t, v]`` (a recomputation of a multi-output node allocates ``v``, i.e. ``v`` was not resident)
+``A[t, v]`` (a recomputation allocates ``v``: it was not resident, or was freed earlier in the
+stage)
 and ``U[t, k]`` (dynamic bytes while node ``k`` of stage ``t`` runs, the recurrence of the paper).
 The objective is the sum of node times over all ``R``.
 
@@ -25,8 +26,7 @@ Standard reductions keep the model small and lose no optimal schedule of this cl
   reader (its ``S`` are constants);
 * ``S[t, v]`` exists only up to the last stage in which ``v`` or something recomputed from it can
   still be read; a recomputation is only allowed when one of its outputs is read later in the
-  stage or kept; a value is only kept into a stage that reads it or keeps it further; a
-  single-output node is never recomputed while its output is resident.
+  stage or kept; a value is only kept into a stage that reads it or keeps it further.
 
 Two further restrictions, on by default for large graphs only, shrink the model at the price of
 exactness over the whole class: ``recompute_backward`` (may backward nodes run again?) and
@@ -43,10 +43,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from remat.ir import Graph, InvalidPlanError, Plan, Step, eager_plan, keep_plan
+from remat.ir import Graph, InvalidPlanError, Plan, Step, block_key, eager_plan, keep_plan
 from remat.solver._mip import Backend, MipSolution, SparseModel
 from remat.solver.base import (
     SolveResult,
@@ -61,10 +62,8 @@ Ref = tuple[int, float]
 ZERO: Ref = (-1, 0.0)
 ONE: Ref = (-1, 1.0)
 
-SMALL_GRAPH_NODES = 24
+SMALL_GRAPH_NODES = 12
 """Up to this many nodes the model is exact over the whole class (no optional restriction)."""
-FORWARD_RECOMPUTE_NODES = 200
-"""Up to this many nodes forward stages may recompute (skip connections need it)."""
 
 
 def is_var(r: Ref) -> bool:
@@ -98,6 +97,7 @@ class CheckmateModel:
     last_read: dict[str, int] = field(default_factory=dict)
     need_end: dict[str, int] = field(default_factory=dict)
     A: dict[tuple[int, str], Ref] = field(default_factory=dict)
+    Fref: dict[tuple[int, str, int], Ref] = field(default_factory=dict)
     constant_time_s: float = 0.0
     input_bytes: int = 0
     time_unit_s: float = 1.0
@@ -105,6 +105,13 @@ class CheckmateModel:
     byte_unit: float = 1.0
     """Memory rows count bytes divided by this."""
     margin: float = 0.0
+    lazy: bool = False
+    window: int | None = None
+    """Recompute in stage ``t`` only nodes of the blocks whose values node ``t`` reads and of
+    the ``window`` blocks before them (None: any block)."""
+    block: list[int] = field(default_factory=list)
+    blocks_read: list[set[int]] = field(default_factory=list)
+    """Recompute a node only in a stage that reads its output (not to keep it for later)."""
 
     # -- model quantities -----------------------------------------------------------------------
 
@@ -128,14 +135,18 @@ class CheckmateModel:
         recompute_backward: bool | None = None,
         recompute_in_forward: bool | None = None,
         margin: float = 0.0,
+        lazy: bool | None = None,
+        window: int | None = None,
     ) -> CheckmateModel:
         n = graph.num_nodes
         if recompute_backward is None:
             recompute_backward = n <= SMALL_GRAPH_NODES
         if recompute_in_forward is None:
-            recompute_in_forward = n <= FORWARD_RECOMPUTE_NODES
+            recompute_in_forward = n <= SMALL_GRAPH_NODES
         self = cls(graph, budget_bytes, recompute_backward, recompute_in_forward)
         self.margin = margin
+        self.lazy = n > SMALL_GRAPH_NODES if lazy is None else lazy
+        self.window = window
         base = sum(nd.time_s for nd in graph.nodes)
         self.time_unit_s = base / 1e3 if base > 0 else 1.0
         self.byte_unit = max(1.0, (budget_bytes - graph.static_bytes) / 1e6)
@@ -186,11 +197,28 @@ class CheckmateModel:
             return False
         if not self.recompute_in_forward and self.graph.nodes[t].phase == "forward":
             return False
+        if self.window is not None:
+            bk = self.block[k]
+            if not any(b - self.window <= bk <= b for b in self.blocks_read[t]):
+                return False
         return any(self.need_end[w] >= t for w in self.outs[k])
 
     def _variables(self) -> None:
         g, m = self.graph, self.model
         n = g.num_nodes
+        order: dict[str, int] = {}
+        for nd in g.nodes:
+            if nd.phase == "forward":
+                order.setdefault(block_key(nd.module), len(order))
+        self.block = [order.get(block_key(nd.module), -1) for nd in g.nodes]
+        self.blocks_read = []
+        for t in range(n):
+            blocks = [
+                self.block[self.producer[x]]
+                for x in self.ins[t]
+                if g.nodes[self.producer[x]].phase == "forward"
+            ]
+            self.blocks_read.append(set(blocks))
         for t in range(n):
             ev = [k for k in range(t) if self._stage_allows(t, k)]
             for k in ev:
@@ -206,13 +234,21 @@ class CheckmateModel:
                 for t in range(p + 1, n + 1):
                     self.S[(t, v)] = ONE
                 continue
+            touched = {p} | set(self.consumers[v])
+            prev: Ref | None = None
             for t in range(p + 1, end + 1):
                 if t >= n:
                     break
                 if not self.rerun[p] and t <= self.last_read[v]:
-                    self.S[(t, v)] = ONE  # cannot be recomputed: kept until its last reader
+                    prev = self.S[(t, v)] = ONE  # cannot be recomputed: kept until its last reader
+                elif prev is not None and is_var(prev) and not self._active(t - 1, touched):
+                    # nothing can make, read or free v in stage t - 1: S[t] == S[t - 1]
+                    self.S[(t, v)] = prev
                 else:
-                    self.S[(t, v)] = (m.add_col(f"S[{t},{v}]", 0, 1, integer=True), 0.0)
+                    prev = self.S[(t, v)] = (m.add_col(f"S[{t},{v}]", 0, 1, integer=True), 0.0)
+
+    def _active(self, t: int, touched: set[int]) -> bool:
+        return t in touched or any((t, j) in self.R for j in touched)
 
     def _constraints(self) -> None:
         g, m = self.graph, self.model
@@ -260,7 +296,8 @@ class CheckmateModel:
             for k in ev[:-1]:
                 rhs = []
                 for w in self.outs[k]:
-                    rhs.append(self.s(t + 1, w))
+                    if not self.lazy:
+                        rhs.append(self.s(t + 1, w))
                     rhs.extend(self.r(t, j) for j in self.consumers[w] if j in in_stage and j > k)
                 le([self.r(t, k)], rhs)
         for v, p in self.producer.items():
@@ -269,40 +306,28 @@ class CheckmateModel:
             # (2) kept into t + 1 only if resident in t or (re)computed in t
             for t in range(p + 1, n):
                 nxt = self.s(t + 1, v)
-                if not is_var(nxt):
+                if not is_var(nxt) or nxt == self.s(t, v):
                     continue
                 le([nxt], [self.s(t, v), self.r(t, p)])
             # (3b) resident in t only if read in t or kept further
             for t in range(p + 1, n):
                 cur = self.s(t, v)
-                if not is_var(cur):
+                if not is_var(cur) or cur == self.s(t + 1, v):
                     continue
                 in_stage = set(self.events[t])
                 rhs = [self.s(t + 1, v)]
                 rhs.extend(self.r(t, j) for j in self.consumers[v] if j in in_stage)
                 le([cur], rhs)
-        # (4) never recompute a single-output node whose output is resident
+        # (4) allocation of a recomputed output: A >= R - S + (freed earlier in the stage)
         self.A.clear()
         for (t, k), c in self.R.items():
-            outs = self.outs[k]
-            for w in outs:
+            for w in self.outs[k]:
                 sw = self.s(t, w)
                 if not is_var(sw) and sw[1] == 0.0:
-                    self.A[(t, w)] = (c, 0.0)
-                elif len(outs) == 1:
-                    le([(c, 0.0), sw], [ONE])
-                    self.A[(t, w)] = (c, 0.0)
+                    self.A[(t, w)] = (c, 0.0)  # not resident before: allocated iff it runs
                 else:
-                    a = m.add_col(f"A[{t},{w}]", 0, 1)
-                    # A = R and not S
-                    m.add_row(
-                        [(a, 1.0), (c, -1.0)] + ([(sw[0], 1.0)] if is_var(sw) else []),
-                        -(0.0 if is_var(sw) else sw[1]),
-                        math.inf,
-                    )
-                    le([(a, 0.0)], [(c, 0.0)])
-                    le([(a, 0.0), sw], [ONE])
-                    self.A[(t, w)] = (a, 0.0)
+                    self.A[(t, w)] = (m.add_col(f"A[{t},{w}]", 0, 1), 0.0)
+        self.Fref.clear()
         # (5) memory, stage by stage
         for t in range(n):
             ev = self.events[t]
@@ -354,36 +379,79 @@ class CheckmateModel:
                     f = self._free_ref(t, v, k, in_stage)
                     if f is None:
                         continue
+                    self.Fref[(t, v, k)] = f
                     if is_var(f):
                         prev_freed.append((f[0], self.size[v] / bu))
                     else:
                         prev_freed_const += f[1] * self.size[v] / bu
                 prev_u = u
 
-    def _blockers(self, t: int, v: str, k: int, in_stage: set[int]) -> list[Ref]:
-        later = [j for j in self.consumers[v] if j in in_stage and j > k]
+        for (t, k), c in self.R.items():
+            for w in self.outs[k]:
+                a = self.A[(t, w)]
+                if a[0] == c:
+                    continue
+                sw = self.s(t, w)
+                terms = [(a[0], 1.0), (c, -1.0)]
+                lo = 0.0
+                if is_var(sw):
+                    terms.append((sw[0], 1.0))
+                else:
+                    lo -= sw[1]
+                for j in self.events[t]:
+                    if j >= k:
+                        break
+                    f = self.Fref.get((t, w, j))
+                    if f is None:
+                        continue
+                    if is_var(f):
+                        terms.append((f[0], -1.0))
+                    else:
+                        lo += f[1]
+                m.add_row(terms, lo, math.inf)
+
+    def _blockers(
+        self, t: int, v: str, k: int, in_stage: set[int]
+    ) -> tuple[list[Ref], list[Ref], Ref]:
+        """What keeps ``v`` from being freed right after ``k`` in stage ``t``: ``hard`` (any
+        one blocks), ``soft`` (block unless the producer runs again later in the stage, then
+        the new copy serves them) and that producer's ``R``."""
         p = self.producer[v]
-        if p in in_stage and p > k:
-            later.append(p)
-        return [self.s(t + 1, v), *(self.r(t, j) for j in later)]
+        rp = self.r(t, p) if (p in in_stage and p > k) else ZERO
+        later = [j for j in self.consumers[v] if j in in_stage and j > k]
+        if rp == ZERO:
+            return [self.s(t + 1, v), *(self.r(t, j) for j in later)], [], rp
+        hard = [self.r(t, j) for j in later if j < p]
+        soft = [self.s(t + 1, v), *(self.r(t, j) for j in later if j > p)]
+        return hard, soft, rp
 
     def _free_ref(self, t: int, v: str, k: int, in_stage: set[int]) -> Ref | None:
         """The F[t, v, k] quantity: None when it is always 0, else a constant 1 or a column."""
         rk = self.r(t, k)
         if not is_var(rk) and rk[1] == 0.0:
             return None
-        blockers = self._blockers(t, v, k, in_stage)
-        if any(not is_var(b) and b[1] == 1.0 for b in blockers):
+        hard, soft, rp = self._blockers(t, v, k, in_stage)
+        if any(not is_var(b) and b[1] == 1.0 for b in hard):
             return None
-        var_blockers = [b for b in blockers if is_var(b)]
-        if not is_var(rk) and not var_blockers:
+        var_hard = [b for b in hard if is_var(b)]
+        soft = [b for b in soft if is_var(b) or b[1] == 1.0]
+        if not is_var(rk) and not var_hard and not soft:
             return ONE
         m = self.model
         f = m.add_col(f"F[{t},{v},{k}]", 0, 1)
         if is_var(rk):
             m.add_row([(f, 1.0), (rk[0], -1.0)], -math.inf, 0.0)
-        for b in var_blockers:
+        for b in var_hard:
             m.add_row([(f, 1.0), (b[0], 1.0)], -math.inf, 1.0)
+        for b in soft:
+            # F <= 1 - b + R[t, p]   (rp is a column here: p < t runs only as a recompute)
+            terms = [(f, 1.0), (rp[0], -1.0)]
+            hi = 1.0
+            if is_var(b):
+                terms.append((b[0], 1.0))
+            else:
+                hi -= b[1]
+            m.add_row(terms, -math.inf, hi)
         return (f, 0.0)
 
     # -- reading a solution back ----------------------------------------------------------------
@@ -421,7 +489,8 @@ class CheckmateModel:
                 for v in dict.fromkeys([*self.ins[k], *self.outs[k]]):
                     if v in self.required or v not in resident:
                         continue
-                    if any(val(b) for b in self._blockers(t, v, k, in_stage)):
+                    hard, soft, rp = self._blockers(t, v, k, in_stage)
+                    if any(val(b) for b in hard) or (any(val(b) for b in soft) and not val(rp)):
                         continue
                     resident.discard(v)
                     cur -= self.size[v]
@@ -468,6 +537,21 @@ class CheckmateRun:
     bound_s: float | None = None
 
 
+WindowSpec = int | Literal["auto", "all"]
+
+
+def window_ladder(graph: Graph, window: WindowSpec) -> list[int | None]:
+    """The recompute windows to try in turn: a fixed one, or (``"auto"``) 0, 2 and 8 blocks
+    and then any block for graphs over 12 nodes, widening only when a window is infeasible."""
+    if window == "all" or (window == "auto" and graph.num_nodes <= SMALL_GRAPH_NODES):
+        return [None]
+    if window == "auto":
+        return [0, 2, 8, None]
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be 'auto', 'all' or an integer >= 0, got {window!r}")
+    return [window]
+
+
 def run_checkmate(
     graph: Graph,
     budget_bytes: int,
@@ -477,36 +561,46 @@ def run_checkmate(
     relax: bool = False,
     recompute_backward: bool | None = None,
     recompute_in_forward: bool | None = None,
+    window: WindowSpec = "auto",
     threads: int | None = None,
 ) -> CheckmateRun:
     """Build and solve the model; ``solution`` is None when the budget is below the peak that
-    any plan needs. A MILP plan that overshoots the budget by solver tolerance (a few bytes) is
-    solved again with a relative margin of 10^-6."""
+    any plan needs. A window that proves infeasible is widened (see :func:`window_ladder`). A
+    MILP plan that overshoots the budget by solver tolerance (a few bytes) is solved again with
+    a relative margin of 10^-6."""
     t0 = time.perf_counter()
     run: CheckmateRun | None = None
-    for margin in (0.0, 1e-6):
-        left = time_limit_s - (time.perf_counter() - t0)
-        if run is not None and left < 0.1:
-            break
-        cm = CheckmateModel.build(
-            graph,
-            budget_bytes,
-            recompute_backward=recompute_backward,
-            recompute_in_forward=recompute_in_forward,
-            margin=margin,
-        )
-        if budget_bytes < cm.lower_bound_peak():
-            return CheckmateRun(cm, None)
-        sol = cm.model.solve(
-            backend=backend, relax=relax, time_limit_s=max(0.1, left), threads=threads
-        )
-        bound = None if sol.bound is None else sol.bound * cm.time_unit_s
-        run = CheckmateRun(cm, sol, None, bound)
-        if relax or sol.values is None:
-            return run
-        plan, peak, _ = cm.replay(sol.values)
-        if peak <= budget_bytes:
-            run.plan = plan
+    ladder = window_ladder(graph, window)
+    for w in ladder:
+        for margin in (0.0, 1e-6):
+            left = time_limit_s - (time.perf_counter() - t0)
+            if run is not None and left < 0.1:
+                return run
+            cm = CheckmateModel.build(
+                graph,
+                budget_bytes,
+                recompute_backward=recompute_backward,
+                recompute_in_forward=recompute_in_forward,
+                margin=margin,
+                window=w,
+            )
+            if budget_bytes < cm.lower_bound_peak():
+                return CheckmateRun(cm, None)
+            sol = cm.model.solve(
+                backend=backend, relax=relax, time_limit_s=max(0.1, left), threads=threads
+            )
+            bound = None if sol.bound is None else sol.bound * cm.time_unit_s
+            run = CheckmateRun(cm, sol, None, bound)
+            if sol.status == "infeasible":
+                break  # widen the window
+            if relax or sol.values is None:
+                return run
+            plan, peak, _ = cm.replay(sol.values)
+            if peak <= budget_bytes:
+                run.plan = plan
+                return run
+        else:
+            assert run is not None
             return run
     assert run is not None
     return run
@@ -521,6 +615,7 @@ def solve_milp(
     solver: str = "highs",
     recompute_backward: bool | None = None,
     recompute_in_forward: bool | None = None,
+    window: WindowSpec = "auto",
     threads: int | None = None,
 ) -> SolveResult:
     """Checkmate's MILP over the op graph, solved with HiGHS (default) or CBC.
@@ -534,9 +629,15 @@ def solve_milp(
     solver
         ``"highs"`` (HiGHS through highspy) or ``"cbc"`` (CBC through pulp).
     recompute_backward
-        Whether backward nodes may run again (default: only for graphs up to 24 nodes).
+        Whether backward nodes may run again (default: only for graphs up to 12 nodes).
     recompute_in_forward
-        Whether stages of forward nodes may recompute (default: graphs up to 200 nodes).
+        Whether stages of forward nodes may recompute (default: only for graphs up to 12
+        nodes).
+    window
+        Which nodes a stage may recompute: those of the blocks (``remat.ir.block_key``) whose
+        values the stage's node reads and of ``window`` blocks before them; ``"all"`` for any
+        node; ``"auto"`` (default) tries 0, 2, 8 blocks, then all, widening only when the
+        MILP proves a window infeasible (graphs up to 12 nodes: all).
     threads
         Threads for the MILP solver.
 
@@ -573,6 +674,7 @@ def solve_milp(
         backend=solver,  # type: ignore[arg-type]
         recompute_backward=recompute_backward,
         recompute_in_forward=recompute_in_forward,
+        window=window,
         threads=threads,
     )
     sol = run.solution

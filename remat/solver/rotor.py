@@ -103,7 +103,13 @@ class RotorTable:
                 ops.append(ChainOp("backward", s))
                 continue
             c = int(self.choice[s, t, m])
-            if c == 0:
+            if c == OFFLOAD:
+                ops.append(ChainOp("forward", s))
+                ops.append(ChainOp("offload", s))
+                stack.append(ChainOp("backward", s))
+                stack.append(ChainOp("prefetch", s))
+                stack.append((s + 1, t, m - int(A.a[s])))
+            elif c == 0:
                 ops.append(ChainOp("forward", s))
                 stack.append(ChainOp("backward", s))
                 stack.append((s + 1, t, m - int(A.a[s]) - int(A.abar[s])))
@@ -113,8 +119,20 @@ class RotorTable:
                 stack.append((c, t, m - int(A.a[s])))
 
 
-def rotor_table(arr: ChainArrays, num_slots: int) -> RotorTable:
-    """Fill the rotor DP for ``m = 0..num_slots`` (vectorised over ``m`` and the split point)."""
+OFFLOAD = -2
+"""``choice`` of POFO's extra option: forward with all activations, offload them while the
+rest of the chain runs, prefetch them for the backward."""
+
+
+def rotor_table(
+    arr: ChainArrays, num_slots: int, transfer_s: np.ndarray | None = None
+) -> RotorTable:
+    """Fill the rotor DP for ``m = 0..num_slots`` (vectorised over ``m`` and the split point).
+
+    With ``transfer_s`` (seconds to copy each stage's saved values one way), POFO's option is
+    added: offload stage ``s``'s activations while stages ``s+1..t-1`` run and prefetch them for
+    its backward; the copies overlap the compute, so the option costs
+    ``f_s + max(C(s+1, t), 2 * transfer_s) + b_s`` and holds no activation memory meanwhile."""
     L = arr.num_stages
     M = num_slots + 1
     cost = np.full((L + 1, L + 1, M), INF)
@@ -147,6 +165,15 @@ def rotor_table(arr: ChainArrays, num_slots: int) -> RotorTable:
                 opt[ms < max(fall_need, b_need)] = INF
                 best = opt
                 arg[np.isfinite(opt)] = 0
+            if transfer_s is not None and int(a[s]) < M:
+                sh = int(a[s])
+                sub = np.full(M, INF)
+                sub[sh:] = cost[s + 1, t, : M - sh]
+                opt = f[s] + np.maximum(sub, 2 * transfer_s[s]) + b[s]
+                opt[ms < max(fall_need, b_need)] = INF
+                better = opt < best
+                best = np.where(better, opt, best)
+                arg = np.where(better, OFFLOAD, arg)
             # option "checkpoint at s'": sweep s..s'-1 without saving, keep x_{s'}
             sp = np.arange(s + 1, t)
             sweep_peak = (

@@ -1,0 +1,169 @@
+"""``lp-round``: Checkmate's two-phase LP rounding, for graphs too large for the exact MILP.
+
+Phase 1 solves the LP relaxation of Checkmate's model (:mod:`remat.solver.milp`); its value is
+a lower bound on the time of any schedule of the model's class. Phase 2 rounds the relaxed
+keep decisions ``S[t, v]`` (deterministically at thresholds, and by randomized rounding with a
+fixed seed) and completes each rounding into a schedule: every stage recomputes, from what is
+resident, exactly the values its node needs; frees are then placed as early as possible. Each
+candidate is simulated; the fastest one within the budget wins. When no rounding fits, the LP
+is solved again for a smaller budget (Checkmate's budget search).
+
+References
+----------
+P. Jain et al. "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization."
+MLSys 2020 (Section 5, two-phase rounding).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+
+from remat.ir import Graph, Plan, Step
+from remat.ir.chain import plan_from_steps
+from remat.solver.base import SolveResult, best_of, infeasible_result, register, result_from_plan
+from remat.solver.milp import CheckmateModel, WindowSpec, fallback_plans, is_var, run_checkmate
+
+
+def schedule_from_keep(cm: CheckmateModel, keep: dict[tuple[int, str], bool]) -> Plan:
+    """Phase 2: the plan that keeps ``v`` into stage ``t`` where ``keep[t, v]`` and recomputes
+    what each stage's node needs from what is resident.
+
+    Values whose producer cannot run again are always kept until their last reader.
+    """
+    g = cm.graph
+    n = g.num_nodes
+    resident: set[str] = set()
+    steps: list[Step] = []
+
+    def fixed(v: str) -> bool:
+        return not cm.rerun[cm.producer[v]] or v in cm.required
+
+    def bring(values: list[str], t: int) -> None:
+        todo: set[int] = set()
+        stack = [v for v in values if v not in resident]
+        while stack:
+            v = stack.pop()
+            p = cm.producer[v]
+            if p in todo:
+                continue
+            if not cm.rerun[p] or p >= t:
+                raise AssertionError(f"value {v!r} cannot be recomputed in stage {t}")
+            todo.add(p)
+            stack.extend(x for x in cm.ins[p] if x not in resident)
+        for p in sorted(todo):
+            steps.append(Step(op="compute", id=g.nodes[p].id))
+            resident.update(cm.outs[p])
+
+    for t in range(n):
+        bring(list(cm.ins[t]), t)
+        steps.append(Step(op="compute", id=g.nodes[t].id))
+        resident.update(cm.outs[t])
+        # drop what is not kept into the next stage (the free itself is placed later)
+        for v in list(resident):
+            if fixed(v):
+                continue
+            if not keep.get((t + 1, v), False):
+                resident.discard(v)
+    return plan_from_steps(g, steps)
+
+
+def _keep_sets(
+    cm: CheckmateModel, x: np.ndarray, *, thresholds: tuple[float, ...], samples: int, seed: int
+) -> list[dict[tuple[int, str], bool]]:
+    rng = random.Random(seed)
+    refs = list(cm.S.items())
+    vals = {key: (float(x[r[0]]) if is_var(r) else r[1]) for key, r in refs}
+    out = [{k: v >= th - 1e-9 for k, v in vals.items()} for th in thresholds]
+    for _ in range(samples):
+        out.append({k: rng.random() < v for k, v in vals.items()})
+    return out
+
+
+@register("lp-round", kind="dag", summary="Checkmate's two-phase LP relaxation with rounding")
+def solve_lp_round(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit_s: float | None = None,
+    samples: int = 8,
+    seed: int = 0,
+    window: WindowSpec = "auto",
+) -> SolveResult:
+    """Checkmate's LP relaxation, rounded (thresholds and ``samples`` random roundings).
+
+    Parameters
+    ----------
+    samples
+        Randomized roundings per LP solve (in addition to the thresholds 0.1 ... 0.9).
+    seed
+        Seed of the randomized rounding (results are reproducible).
+    window
+        As for ``milp``: which nodes a stage may recompute.
+
+    Notes
+    -----
+    ``lower_bound_s`` is the LP value for the requested budget: a lower bound on the time of
+    any schedule of the model's class (see ``milp``).
+
+    References
+    ----------
+    P. Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
+    Rematerialization", MLSys 2020.
+    """
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    t0 = time.perf_counter()
+    limit = 60.0 if time_limit_s is None else time_limit_s
+    if graph.num_nodes == 0:
+        return result_from_plan(
+            graph, budget_bytes, Plan(), solver="lp-round", started=t0, lower_bound_s=0.0
+        )
+    thresholds = (0.5, 0.1, 0.25, 0.75, 0.9, 0.99)
+    candidates: list[Plan] = []
+    bound: float | None = None
+    static = graph.static_bytes
+    for shrink in (1.0, 0.9, 0.75, 0.6, 0.45):
+        left = limit - (time.perf_counter() - t0)
+        if left <= 0.05 and candidates:
+            break
+        b = static + int((budget_bytes - static) * shrink)
+        run = run_checkmate(graph, b, time_limit_s=max(0.1, left), relax=True, window=window)
+        sol = run.solution
+        if sol is None or sol.values is None:
+            break
+        if shrink == 1.0:
+            bound = run.bound_s
+        for keep in _keep_sets(
+            run.model, sol.values, thresholds=thresholds, samples=samples, seed=seed
+        ):
+            candidates.append(schedule_from_keep(run.model, keep))
+        res = best_of(graph, budget_bytes, candidates, solver="lp-round", started=t0)
+        if res.status != "infeasible":
+            break
+    if not candidates:
+        res = best_of(graph, budget_bytes, fallback_plans(graph), solver="lp-round", started=t0)
+        if res.status == "infeasible":
+            return infeasible_result(
+                graph,
+                budget_bytes,
+                solver="lp-round",
+                started=t0,
+                min_budget_bytes=res.min_budget_bytes,
+                message="the LP relaxation is infeasible for this budget",
+            )
+        return res
+    res = best_of(graph, budget_bytes, candidates, solver="lp-round", started=t0)
+    if res.status == "infeasible" or res.plan is None:
+        return res
+    return result_from_plan(
+        graph,
+        budget_bytes,
+        res.plan,
+        solver="lp-round",
+        started=t0,
+        lower_bound_s=bound,
+        message=f"best of {len(candidates)} roundings",
+    )

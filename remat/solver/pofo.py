@@ -1,0 +1,147 @@
+"""``pofo``: rotor's checkpointing DP extended with offloading of activations to host memory.
+
+Besides rotor's two options at each sub-chain (checkpoint the input of a later stage, or run a
+stage forward keeping all its activations), the DP may run a stage forward, *offload* its
+saved activations to the host while the rest of the chain runs, and prefetch them back for its
+backward. The copies run on the copy stream at the graph's host bandwidth and overlap compute;
+the DP charges ``max(sub-chain time, both copies)``, and the plan issues each prefetch one
+backward step early so that it overlaps. The simulator accounts the overlap and the stalls
+exactly; as for rotor, the memory the DP plans for is lowered until the expanded plan fits,
+and the rotor plan (no transfers) is kept when it is faster.
+
+This is a simplified form of POFO: one offload decision per stage (its saved activations),
+no offloading of checkpoints, no bandwidth sharing inside the DP.
+
+References
+----------
+O. Beaumont, L. Eyraud-Dubois, A. Shilova. "Efficient Combination of Rematerialization and
+Offloading for Training DNNs." NeurIPS 2021.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from remat.ir import Graph, Plan
+from remat.ir.chain import ChainOp, CutKind, chain_view, expand
+from remat.solver.base import SolveResult, infeasible_result, register
+from remat.solver.rotor import (
+    ChainArrays,
+    _trivial,
+    dynamic_room,
+    eager_dynamic_peak,
+    fit_chain_plan,
+    min_chain_slots,
+    rotor_table,
+    solve_rotor,
+)
+
+
+def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
+    """Move each ``prefetch`` before the backward step that precedes it, so the copy overlaps
+    that step instead of stalling the backward that needs it."""
+    out = list(ops)
+    for i in range(len(out)):
+        if out[i].kind != "prefetch":
+            continue
+        j = i - 1
+        while j >= 0 and out[j].kind != "backward":
+            if out[j].kind == "offload" and out[j].stage == out[i].stage:
+                j = -1
+                break
+            j -= 1
+        if j >= 0:
+            op = out.pop(i)
+            out.insert(j, op)
+    return out
+
+
+@register("pofo", kind="chain", summary="Rotor plus offloading of activations (POFO)")
+def solve_pofo(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    time_limit_s: float | None = None,
+    mem_slots: int = 500,
+    cuts: CutKind = "auto",
+    max_stages: int | None = None,
+    host_bandwidth_bytes_per_s: float | None = None,
+) -> SolveResult:
+    """Checkpointing plus offloading on the graph's chain view (see the module docstring).
+
+    Parameters
+    ----------
+    mem_slots, cuts, max_stages
+        As for ``rotor``.
+    host_bandwidth_bytes_per_s
+        Bandwidth of the host link for planning and simulation (default: the graph's device
+        profile; ``math.inf`` makes transfers free).
+
+    References
+    ----------
+    O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Efficient Combination of Rematerialization and
+    Offloading for Training DNNs", NeurIPS 2021.
+    """
+    if mem_slots < 1:
+        raise ValueError(f"mem_slots must be >= 1, got {mem_slots}")
+    bw = (
+        graph.host_bandwidth_bytes_per_s
+        if host_bandwidth_bytes_per_s is None
+        else (host_bandwidth_bytes_per_s)
+    )
+    if not bw > 0:
+        raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
+    t0 = time.perf_counter()
+    triv = _trivial(graph, budget_bytes, "pofo", t0)
+    if triv is not None:
+        return triv
+    rotor = solve_rotor(
+        graph,
+        budget_bytes,
+        time_limit_s=time_limit_s,
+        mem_slots=mem_slots,
+        cuts=cuts,
+        max_stages=max_stages,
+    )
+    ch = chain_view(graph, cuts=cuts, max_stages=max_stages)
+    room = dynamic_room(graph, budget_bytes)
+    slot = max(room, eager_dynamic_peak(graph), 1) / mem_slots
+    transfer = np.array([s.all_bytes / bw for s in ch.stages], dtype=np.float64)
+    table = rotor_table(ChainArrays.of(ch, slot), mem_slots, transfer_s=transfer)
+    root = table.cost[0, ch.num_stages]
+
+    def plan_for(m: int) -> Plan | None:
+        if m < 0 or not math.isfinite(root[m]):
+            return None
+        return expand(ch, early_prefetch(table.schedule(m)))
+
+    top = min(mem_slots, int(room // slot)) if room > 0 else -1
+    if top >= 0 and not math.isfinite(root[top]):
+        low = min_chain_slots(root)
+        top = -1 if low is None else low
+    extra = [rotor.plan] if rotor.plan is not None else []
+    if top < 0:
+        if extra:
+            return rotor.model_copy(update={"solver": "pofo"})
+        return infeasible_result(
+            graph,
+            budget_bytes,
+            solver="pofo",
+            started=t0,
+            min_budget_bytes=None,
+            message="the chain has no schedule at any memory",
+        )
+    return fit_chain_plan(
+        graph,
+        budget_bytes,
+        plan_for,
+        top,
+        solver="pofo",
+        started=t0,
+        time_limit_s=time_limit_s,
+        host_bandwidth_bytes_per_s=bw,
+        extra_plans=extra,
+    )
