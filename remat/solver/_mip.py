@@ -172,8 +172,8 @@ class SparseModel:
         xs = [
             pulp.LpVariable(
                 f"x{i}",
-                lowBound=self.lower[i],
-                upBound=self.upper[i],
+                lowBound=None if math.isinf(self.lower[i]) else self.lower[i],
+                upBound=None if math.isinf(self.upper[i]) else self.upper[i],
                 cat=pulp.LpInteger if (self.integer[i] and not relax) else pulp.LpContinuous,
             )
             for i in range(self.num_cols)

@@ -269,6 +269,17 @@ def fit_chain_plan(
                 host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
             )
         )
+    # The eager plan, when it fits, beats every chain schedule (the chain model is cautious).
+    tried.append(
+        result_from_plan(
+            graph,
+            budget_bytes,
+            eager_plan(graph),
+            solver=solver,
+            started=started,
+            host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
+        )
+    )
     fitting = [r for r in tried if r.status != "infeasible"]
     if fitting:
         best = min(fitting, key=lambda r: (r.total_time_s or 0.0, r.peak_bytes or 0))
@@ -334,7 +345,28 @@ def solve_rotor(
     triv = _trivial(graph, budget_bytes, "rotor", t0)
     if triv is not None:
         return triv
-    ch = chain_view(graph, cuts=cuts, max_stages=max_stages)
+    views = [chain_view(graph, cuts=cuts, max_stages=max_stages)]
+    if cuts == "auto":
+        # both views: the DP's cautious memory model can favour either on a given graph
+        other: CutKind = "blocks" if views[0].cut_kind == "articulation" else "articulation"
+        alt = chain_view(graph, cuts=other, max_stages=max_stages)
+        if alt.num_stages > 1:
+            views.append(alt)
+    results = [_rotor_on(graph, budget_bytes, ch, mem_slots, t0, time_limit_s) for ch in views]
+    fitting = [r for r in results if r.status in ("optimal", "feasible")]
+    if fitting:
+        return min(fitting, key=lambda r: (r.total_time_s or 0.0, r.peak_bytes or 0))
+    return min(results, key=lambda r: (r.peak_bytes is None, r.peak_bytes or 0))
+
+
+def _rotor_on(
+    graph: Graph,
+    budget_bytes: int,
+    ch: Chain,
+    mem_slots: int,
+    t0: float,
+    time_limit_s: float | None,
+) -> SolveResult:
     room = dynamic_room(graph, budget_bytes)
     scale = max(room, eager_dynamic_peak(graph), 1)
     slot = scale / mem_slots

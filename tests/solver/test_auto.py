@@ -1,0 +1,47 @@
+"""auto: the best plan of the solvers it runs, with the best bound it knows."""
+
+from __future__ import annotations
+
+import pytest
+from handmade import chain_step
+
+from remat import solver
+from remat.ir import eager_plan, simulate
+from remat.ir.synthetic import chain, transformer, unet
+
+
+def test_eager_fits_means_optimal() -> None:
+    g = chain(6)
+    r = solver.get("auto")(g, 10**15)
+    assert r.status == "optimal" and r.overhead == pytest.approx(0.0) and r.gap == 0.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: chain(10, heterogeneous=True),
+        lambda: transformer(2, d_model=64, seq_len=32, vocab_size=128, num_heads=2),
+        lambda: unet(2, base_channels=4, image_size=16),
+    ],
+    ids=["het-chain", "transformer", "unet"],
+)
+def test_auto_is_at_least_as_good_as_what_it_runs(make: object) -> None:
+    g = make()  # type: ignore[operator]
+    dyn = simulate(g, eager_plan(g)).peak_dynamic_bytes
+    b = g.static_bytes + int(0.6 * dyn)
+    r = solver.get("auto")(g, b, time_limit_s=20)
+    assert r.status in ("optimal", "feasible")
+    assert r.peak_bytes is not None and r.peak_bytes <= b
+    assert r.lower_bound_s is not None and r.lower_bound_s <= (r.total_time_s or 0) * (1 + 1e-9)
+    for name in ("chen-greedy", "checkpoint-all", "rotor"):
+        other = solver.get(name)(g, b)
+        if other.status in ("optimal", "feasible"):
+            assert (r.total_time_s or 0) <= (other.total_time_s or 0) * (1 + 1e-9), name
+
+
+def test_auto_is_the_default_solver_and_reports_infeasible_budgets() -> None:
+    g = chain_step()
+    r = solver.solve(g, "70%")
+    assert r.solver == "auto"
+    z = solver.solve(g, 0)
+    assert z.status == "infeasible" and z.min_budget_bytes is not None and z.min_budget_bytes > 0

@@ -1,0 +1,124 @@
+"""Checkmate's MILP: agrees with hand-worked answers and with the simulator, honest statuses."""
+
+from __future__ import annotations
+
+import pytest
+from handmade import chain_step, diamond, residual_step
+
+from remat.ir import Graph, eager_plan, simulate
+from remat.ir.synthetic import chain, transformer, unet
+from remat.solver import get
+from remat.solver.milp import CheckmateModel, run_checkmate, window_ladder
+
+milp = get("milp")
+
+
+def frac_budget(g: Graph, frac: float) -> int:
+    return g.static_bytes + int(frac * simulate(g, eager_plan(g)).peak_dynamic_bytes)
+
+
+def test_hand_chain_answers() -> None:
+    g = chain_step()
+    # Eager peak, during bL: static 100 + x 10 + a1 20 + a2 30 + L 1 + g2 30 = 191.
+    eager = simulate(g, eager_plan(g))
+    assert eager.peak_bytes == 191
+    r = milp(g, 191, time_limit_s=20)
+    assert r.status == "optimal" and r.total_time_s == pytest.approx(10.0)
+    # 10 bytes less: a1 (f1, 1 s) is dropped and recomputed after bL (b2 then peaks at
+    # 100 + x 10 + L 1 + g2 30 + a1 20 + g1 20 = 181): 11 s.
+    r = milp(g, 181, time_limit_s=20)
+    assert r.status == "optimal"
+    assert r.total_time_s == pytest.approx(11.0)
+    assert r.plan is not None and r.plan.compute_counts()["f1"] == 2
+    assert r.lower_bound_s == pytest.approx(11.0)
+    # b2 itself needs 181: below that nothing fits.
+    assert milp(g, 180, time_limit_s=20).status == "infeasible"
+
+
+def test_workspace_counts_while_the_node_runs() -> None:
+    g = diamond()
+    peak = simulate(g, eager_plan(g)).peak_bytes
+    r = milp(g, peak, time_limit_s=20)
+    assert r.status == "optimal" and r.peak_bytes == peak
+    # f3's 50 B scratch is part of the peak: one byte less cannot fit without recomputing.
+    r2 = milp(g, peak - 1, time_limit_s=20)
+    assert r2.status in ("optimal", "infeasible")
+    if r2.status == "optimal":
+        assert r2.total_time_s is not None and r2.total_time_s > 6.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: chain(4, batch_size=2, width=8),
+        lambda: transformer(1, d_model=16, seq_len=8, batch_size=2, vocab_size=32, num_heads=2),
+        lambda: unet(1, base_channels=4, image_size=4, batch_size=1),
+        residual_step,
+    ],
+    ids=["chain4", "transformer1", "unet1", "residual"],
+)
+@pytest.mark.parametrize("frac", [1.0, 0.8, 0.6])
+def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
+    g = make()  # type: ignore[operator]
+    budget = frac_budget(g, frac)
+    run = run_checkmate(g, budget, time_limit_s=20)
+    if run.solution is None or run.solution.values is None:
+        pytest.skip("no solution at this budget")
+    plan, claimed_peak, claimed_time = run.model.replay(run.solution.values)
+    sim = simulate(g, plan)
+    assert sim.peak_bytes == claimed_peak
+    assert sim.total_time_s == pytest.approx(claimed_time, rel=1e-12)
+    assert claimed_peak <= budget
+    # and the objective the MILP reports is that time
+    assert run.solution.objective is not None
+    assert run.solution.objective * run.model.time_unit_s == pytest.approx(claimed_time, rel=1e-6)
+
+
+def test_side_effecting_nodes_run_exactly_once() -> None:
+    g = unet(1, base_channels=4, image_size=4, batch_size=1)
+    r = milp(g, frac_budget(g, 0.7), time_limit_s=20)
+    assert r.plan is not None
+    counts = r.plan.compute_counts()
+    for n in g.nodes:
+        if not n.recomputable:
+            assert counts[n.id] == 1
+
+
+def test_cbc_backend_agrees_with_highs() -> None:
+    g = chain_step()
+    b = simulate(g, eager_plan(g)).peak_bytes - 10
+    a = milp(g, b, time_limit_s=20)
+    c = milp(g, b, time_limit_s=20, solver="cbc")
+    assert a.status == c.status == "optimal"
+    assert a.total_time_s == pytest.approx(c.total_time_s)
+
+
+def test_time_limit_gives_feasible_or_timeout_with_a_valid_bound() -> None:
+    g = transformer(2)
+    r = milp(g, frac_budget(g, 0.4), time_limit_s=0.3)
+    assert r.status in ("optimal", "feasible", "timeout", "infeasible")
+    if r.status == "feasible" and r.lower_bound_s is not None:
+        assert r.lower_bound_s <= (r.total_time_s or 0) * (1 + 1e-6)
+
+
+def test_zero_budget_is_infeasible_with_a_working_budget() -> None:
+    g = chain_step()
+    r = milp(g, 0, time_limit_s=20)
+    assert r.status == "infeasible"
+    assert r.min_budget_bytes is not None and r.min_budget_bytes > 0
+
+
+def test_bad_options_are_named() -> None:
+    g = chain_step()
+    with pytest.raises(ValueError, match="solver"):
+        milp(g, 10**6, solver="gurobi")
+    with pytest.raises(ValueError, match="window"):
+        window_ladder(chain(8), -3)
+
+
+def test_reductions_shrink_the_model_on_large_graphs() -> None:
+    g = transformer(2)
+    b = frac_budget(g, 0.5)
+    small = CheckmateModel.build(g, b, window=0)
+    full = CheckmateModel.build(g, b, window=None, recompute_in_forward=True)
+    assert small.model.num_integer < full.model.num_integer

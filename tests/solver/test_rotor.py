@@ -1,0 +1,108 @@
+"""Rotor and revolve: DP against closed forms and brute force, plans against the simulator."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from remat.ir import eager_plan, simulate
+from remat.ir.chain import chain_view
+from remat.ir.synthetic import chain, transformer
+from remat.solver import get
+from remat.solver.rotor import ChainArrays, revolve_table, rotor_table
+
+
+def griewank_extra_forwards(steps: int, snapshots: int) -> int:
+    """Griewank (1992): least number of forward steps, beyond the taped one of each reversed
+    step, to reverse ``steps`` steps with ``snapshots`` snapshots (the input included)."""
+    if steps <= 1:
+        return 0
+    r = 0
+    while math.comb(snapshots + r, snapshots) < steps:
+        r += 1
+    return r * steps - math.comb(snapshots + r, snapshots - 1) - steps + 1 + (steps - 1) * 0
+
+
+@pytest.mark.parametrize("snapshots", [1, 2, 3, 4])
+def test_revolve_dp_matches_binomial_closed_form(snapshots: int) -> None:
+    cost = revolve_table(20, 4, 1.0, 0.0)
+    for steps in range(1, 21):
+        r = 0
+        while math.comb(snapshots + r, snapshots) < steps:
+            r += 1
+        # t(l, s) = r l - C(s + r, s + 1)  (forward advances), Griewank & Walther 2000, Eq. 3
+        closed = r * steps - math.comb(snapshots + r, snapshots + 1)
+        assert cost[steps, snapshots - 1] - steps == pytest.approx(closed), (steps, snapshots)
+
+
+def test_rotor_dp_on_a_tiny_chain_by_hand() -> None:
+    # three unit stages; each needs 1 slot of input and 1 of activations
+    arr = ChainArrays(
+        f=np.ones(3),
+        b=np.ones(3) * 2,
+        a=np.array([0, 1, 1, 0]),
+        abar=np.ones(3, dtype=int),
+        ftmp=np.zeros(3, dtype=int),
+        fall=np.zeros(3, dtype=int),
+        btmp=np.zeros(3, dtype=int),
+        slot_bytes=1.0,
+    )
+    t = rotor_table(arr, 12)
+    # plenty of memory: each stage forward once and backward once
+    assert t.cost[0, 3, 12] == pytest.approx(9.0)
+    # with less memory the cost grows and never falls as memory shrinks
+    row = t.cost[0, 3]
+    finite = row[np.isfinite(row)]
+    assert np.all(np.diff(finite) <= 1e-12)
+    assert math.isinf(row[0])
+
+
+def test_rotor_dp_100_stages_500_slots_runs() -> None:
+    rng = np.random.default_rng(0)
+    arr = ChainArrays(
+        f=rng.uniform(1, 2, 100),
+        b=rng.uniform(2, 4, 100),
+        a=np.concatenate([[0], rng.integers(1, 5, 99), [0]]),
+        abar=rng.integers(1, 8, 100),
+        ftmp=rng.integers(0, 3, 100),
+        fall=rng.integers(0, 3, 100),
+        btmp=rng.integers(0, 3, 100),
+        slot_bytes=1.0,
+    )
+    t = rotor_table(arr, 500)
+    assert np.isfinite(t.cost[0, 100, 500])
+    ops = t.schedule(500)
+    assert sum(1 for o in ops if o.kind == "backward") == 100
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.8, 0.6, 0.45])
+def test_rotor_fits_and_beats_checkpoint_all_on_chains(frac: float) -> None:
+    g = chain(12, heterogeneous=True, seed=2)
+    dyn = simulate(g, eager_plan(g)).peak_dynamic_bytes
+    b = g.static_bytes + int(frac * dyn)
+    r = get("rotor")(g, b)
+    assert r.status == "feasible" and r.peak_bytes is not None and r.peak_bytes <= b
+    ck = get("checkpoint-all")(g, b)
+    if ck.status == "feasible":
+        assert (r.total_time_s or 0) <= (ck.total_time_s or 0) * (1 + 1e-9)
+    if frac == 1.0:
+        assert r.total_time_s == pytest.approx(simulate(g, eager_plan(g)).total_time_s)
+
+
+def test_revolve_on_a_homogeneous_chain_and_rotor_on_a_transformer() -> None:
+    g = chain(10)
+    dyn = simulate(g, eager_plan(g)).peak_dynamic_bytes
+    r = get("revolve")(g, g.static_bytes + int(0.5 * dyn))
+    assert r.status == "feasible"
+    t = transformer(3, d_model=64, seq_len=32, vocab_size=128, num_heads=2)
+    dyn = simulate(t, eager_plan(t)).peak_dynamic_bytes
+    r = get("rotor")(t, t.static_bytes + int(0.5 * dyn))
+    assert r.status == "feasible"
+    assert chain_view(t).num_stages > 3
+
+
+def test_bad_slots_are_named() -> None:
+    with pytest.raises(ValueError, match="mem_slots"):
+        get("rotor")(chain(3), 10**9, mem_slots=0)
