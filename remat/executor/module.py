@@ -84,6 +84,8 @@ class Region:
     save: frozenset[str]
     """Nodes whose outputs are saved for the backward pass (not recomputed)."""
     recompute: frozenset[str]
+    span: tuple[int, int] | None = None
+    """For a run of children of the ``nn.Sequential`` at ``path``: ``[start, stop)``."""
 
 
 @dataclass
@@ -104,7 +106,13 @@ class ModulePlan:
         return "\n".join(lines)
 
 
-def module_plan(graph: Graph, plan: Plan, *, strict: bool = False) -> ModulePlan:
+def module_plan(
+    graph: Graph,
+    plan: Plan,
+    *,
+    strict: bool = False,
+    sequences: dict[str, list[str]] | None = None,
+) -> ModulePlan:
     """Translate ``plan`` into checkpoint regions and offloads (see the module docstring).
 
     Parameters
@@ -115,6 +123,9 @@ def module_plan(graph: Graph, plan: Plan, *, strict: bool = False) -> ModulePlan
         value recomputed twice is recomputed once, an offload inside a checkpointed block is
         dropped), each approximation is listed in ``ModulePlan.approximations``, and a
         :class:`ModuleLevelWarning` says so.
+    sequences
+        ``nn.Sequential`` containers of the model: path -> its children's paths, in order.
+        Consecutive children may then form one region (:func:`apply` passes them).
 
     Raises
     ------
@@ -150,18 +161,24 @@ def module_plan(graph: Graph, plan: Plan, *, strict: bool = False) -> ModulePlan
         by_block.setdefault(block_key(n.module) if n.module else "", []).append(n.id)
     recomputed = {n.id for n in fwd if counts.get(n.id, 0) > 1}
     bwd_reads = {x for n in graph.backward_nodes for x in n.inputs}
-    regions: list[Region] = []
-    for path, ids in by_block.items():
-        rec = [i for i in ids if i in recomputed]
-        if not rec:
-            continue
-        if path == "":
-            cannot(
-                f"the plan recomputes {len(rec)} ops of the model's own forward or of the loss "
-                f"(outside any submodule, e.g. {rec[0]!r}, {graph.node(rec[0]).op}); there is no "
-                "module to checkpoint, so they are kept"
-            )
-            continue
+
+    def useful(ids: list[str]) -> bool:
+        """Whether checkpointing these nodes frees something: a checkpoint region frees only
+        what its ops save for backward inside it; a value handed to later ops stays alive
+        through them."""
+        members = set(ids)
+        for i in ids:
+            if i not in recomputed:
+                continue
+            for o in graph.node(i).outputs:
+                leaves = any(
+                    c.phase == "forward" and c.id not in members for c in graph.consumers_of(o)
+                )
+                if o in bwd_reads and not leaves:
+                    return True
+        return False
+
+    def region(path: str, ids: list[str], span: tuple[int, int] | None = None) -> Region:
         save = {
             i
             for i in ids
@@ -170,23 +187,69 @@ def module_plan(graph: Graph, plan: Plan, *, strict: bool = False) -> ModulePlan
                 not graph.node(i).recomputable or any(o in bwd_reads for o in graph.node(i).outputs)
             )
         }
-        # A checkpoint region frees only what its ops save for backward inside it; a value the
-        # block hands to later ops stays alive through them. Wrapping a block whose recomputed
-        # values are all of that kind would only add a recomputation.
-        members = set(ids)
-        leaving = {
-            o
-            for i in ids
-            for o in graph.node(i).outputs
-            if any(c.phase == "forward" and c.id not in members for c in graph.consumers_of(o))
-        }
-        if not any(o in bwd_reads and o not in leaving for i in rec for o in graph.node(i).outputs):
+        rec = frozenset(i for i in ids if i in recomputed)
+        return Region(path, tuple(ids), frozenset(save), rec, span)
+
+    # Blocks that are children of an nn.Sequential may be grouped into one region (a run of
+    # consecutive children, as torch.utils.checkpoint.checkpoint_sequential does) when a block
+    # alone would free nothing: an MLP's Linear and ReLU modules, for instance.
+    seq_of: dict[str, tuple[str, int]] = {}
+    for parent, children in (sequences or {}).items():
+        for k, child in enumerate(children):
+            seq_of[child] = (parent, k)
+    regions: list[Region] = []
+    pending: dict[str, list[tuple[int, str, list[str]]]] = {}
+    for path, ids in by_block.items():
+        rec = [i for i in ids if i in recomputed]
+        if path == "":
+            if rec:
+                cannot(
+                    f"the plan recomputes {len(rec)} ops of the model's own forward or of the "
+                    f"loss (outside any submodule, e.g. {rec[0]!r}, {graph.node(rec[0]).op}); "
+                    "there is no module to checkpoint, so they are kept"
+                )
+            continue
+        if path in seq_of:
+            parent, k = seq_of[path]
+            pending.setdefault(parent, []).append((k, path, ids))
+            continue
+        if not rec:
+            continue
+        if useful(ids):
+            regions.append(region(path, ids))
+        else:
             notes.append(
                 f"block {path!r}: its recomputed values leave the block, checkpointing it "
                 "would free nothing, so it is not wrapped"
             )
-            continue
-        regions.append(Region(path, tuple(ids), frozenset(save), frozenset(rec)))
+    for parent, blocks in pending.items():
+        blocks.sort()
+        run: list[tuple[int, str, list[str]]] = []
+
+        def close(run: list[tuple[int, str, list[str]]], parent: str = parent) -> None:
+            if not run:
+                return
+            ids = [i for _, _, b in run for i in b]
+            if useful(ids):
+                a, b = run[0][0], run[-1][0] + 1
+                regions.append(
+                    region(run[0][1], ids) if b - a == 1 else region(parent, ids, (a, b))
+                )
+            else:
+                notes.append(
+                    f"blocks {run[0][1]!r}..{run[-1][1]!r}: their recomputed values leave them, "
+                    "checkpointing would free nothing, so they are not wrapped"
+                )
+
+        for k, path, ids in blocks:
+            has_rec = any(i in recomputed for i in ids)
+            contiguous = bool(run) and run[-1][0] == k - 1
+            if run and (not has_rec or not contiguous or useful([i for *_, b in run for i in b])):
+                close(run)
+                run = []
+            if has_rec:
+                run.append((k, path, ids))
+        close(run)
     offload = {s.id for s in plan.steps if s.op == "offload"}
     in_region = {i for r in regions for i in r.nodes}
     for v in sorted(offload):
@@ -379,6 +442,38 @@ def _checkpointed(
     return run
 
 
+def _sequential_forward(seq: nn.Sequential, graph: Graph, runs: list[Region]) -> Any:
+    """``seq``'s forward with each run of children in one checkpoint region."""
+    children = list(seq)
+    starts: dict[int, tuple[int, Callable[..., Any]]] = {}
+    for r in runs:
+        assert r.span is not None
+        a, b = r.span
+        members = children[a:b]
+
+        def run_children(x: Any, members: list[nn.Module] = members) -> Any:
+            for m in members:
+                x = m(x)
+            return x
+
+        buffers = [t for m in members for t in m.buffers()]
+        starts[a] = (b, _checkpointed(run_children, _policy_for(graph, r), buffers))
+
+    def forward(x: Any) -> Any:
+        k = 0
+        while k < len(children):
+            if k in starts:
+                stop, fn = starts[k]
+                x = fn(x)
+                k = stop
+            else:
+                x = children[k](x)
+                k += 1
+        return x
+
+    return forward
+
+
 @dataclass
 class _Applied:
     plan: ModulePlan
@@ -433,11 +528,17 @@ def apply(
         graph = capture(model, example_inputs, loss_fn).graph
     if getattr(model, "_remat_applied", None) is not None:
         remove(model)
-    mplan = module_plan(graph, plan, strict=strict)
+    sequences = {
+        name: [f"{name}.{child}" if name else child for child, _ in mod.named_children()]
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.Sequential)
+    }
+    mplan = module_plan(graph, plan, strict=strict, sequences=sequences)
     params = list(model.parameters())
     device = params[0].device if params else torch.device("cpu")
     host = HostMemory(device)
     originals: dict[str, Any] = {}
+    spans: dict[str, list[Region]] = {}
     for region in mplan.regions:
         try:
             mod = model.get_submodule(region.path)
@@ -446,8 +547,16 @@ def apply(
                 f"the plan's block {region.path!r} is not a submodule of this model: was the "
                 f"graph traced from it? ({exc})"
             ) from exc
+        if region.span is not None:
+            spans.setdefault(region.path, []).append(region)
+            continue
         originals[region.path] = mod.__dict__.get("forward")
         mod.forward = _checkpointed(mod.forward, _policy_for(graph, region), list(mod.buffers()))
+    for path, runs in spans.items():
+        seq = model.get_submodule(path)
+        assert isinstance(seq, nn.Sequential)
+        originals[path] = seq.__dict__.get("forward")
+        seq.forward = _sequential_forward(seq, graph, runs)
     if mplan.offload:
         offloader = _Offloader(host, mplan.offload)
         root_forward = model.forward
