@@ -255,7 +255,13 @@ def chain_view(graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None =
                     graph,
                     bwd,
                     {o for i in bwd for o in nodes[i].outputs if not graph.is_static(o)},
-                    set(),
+                    # gradients that leave the stage are rotor's δ_{i-1}, counted apart
+                    {
+                        o
+                        for i in bwd
+                        for o in nodes[i].outputs
+                        if any(bwd_stage.get(r, st) != st for r in graph.consumer_positions(o))
+                    },
                 ),
             )
         )

@@ -35,7 +35,7 @@ INF = math.inf
 
 @dataclass(frozen=True)
 class ChainArrays:
-    """A chain's figures as arrays in memory slots (sizes rounded up: the DP is conservative)."""
+    """A chain's figures as arrays in memory slots (sizes rounded to the nearest slot)."""
 
     f: np.ndarray  # forward time per stage
     b: np.ndarray  # backward time per stage
@@ -45,6 +45,14 @@ class ChainArrays:
     fall: np.ndarray  # forward keeping all activations, beyond abar
     btmp: np.ndarray
     slot_bytes: float
+    needs_forward: np.ndarray | None = None
+    """Per stage: must its forward run again right before its backward? Not when the backward
+    reads only the stage's input (and gradients), e.g. a matmul whose output is not saved; the
+    last stage always (its first forward happens there)."""
+
+    def must_refresh(self, s: int) -> bool:
+        nf = self.needs_forward
+        return True if nf is None else bool(nf[s])
 
     @property
     def num_stages(self) -> int:
@@ -55,7 +63,9 @@ class ChainArrays:
         st = chain.stages
 
         def slots(x: int) -> int:
-            return math.ceil(x / slot_bytes) if slot_bytes > 0 else 0
+            # nearest, not ceiling: rounding up dozens of checkpoints would waste a large part
+            # of the budget; the expanded plan is checked against the real budget anyway
+            return round(x / slot_bytes) if slot_bytes > 0 else 0
 
         a = np.array([slots(s.input_bytes) for s in st] + [0], dtype=np.int64)
         a[0] = 0  # the graph's inputs are held by the caller and counted apart
@@ -68,6 +78,9 @@ class ChainArrays:
             fall=np.array([slots(s.forward_all_temp_bytes) for s in st], dtype=np.int64),
             btmp=np.array([slots(s.backward_temp_bytes) for s in st], dtype=np.int64),
             slot_bytes=slot_bytes,
+            needs_forward=np.array(
+                [s.all_bytes > 0 or i == len(st) - 1 for i, s in enumerate(st)], dtype=bool
+            ),
         )
 
 
@@ -99,7 +112,8 @@ class RotorTable:
                 continue
             s, t, m = item
             if t == s + 1:
-                ops.append(ChainOp("forward", s))
+                if A.must_refresh(s):
+                    ops.append(ChainOp("forward", s))
                 ops.append(ChainOp("backward", s))
                 continue
             c = int(self.choice[s, t, m])
@@ -144,11 +158,12 @@ def rotor_table(
     fcum = np.concatenate([[0.0], np.cumsum(f)])
     for s in range(L):
         t = s + 1
-        need = max(
-            a[s] + delta[t] + abar[s] + a[t] + fall[s],
-            a[s] + abar[s] + delta[t] + delta[s] + btmp[s],
-        )
-        cost[s, t, ms >= need] = f[s] + b[s]
+        b_need = a[s] + abar[s] + delta[t] + delta[s] + btmp[s]
+        if arr.must_refresh(s):
+            need = max(a[s] + delta[t] + abar[s] + a[t] + fall[s], b_need)
+            cost[s, t, ms >= need] = f[s] + b[s]
+        else:
+            cost[s, t, ms >= b_need] = b[s]
     for d in range(2, L + 1):
         for s in range(0, L - d + 1):
             t = s + d
