@@ -259,3 +259,25 @@ def test_recomputing_a_value_still_on_the_device_allocates_nothing() -> None:
     assert f"# recompute {first}: its outputs are still here, skipped" in step.source
     _assert_same_grads(run_model, grads)
     assert mem.peak_dynamic_bytes == simulate(graph, plan).peak_dynamic_bytes
+
+
+def test_compiled_step_takes_new_inputs() -> None:
+    """``step(*inputs)`` runs on a new batch of the same shape (a training loop)."""
+    model, inputs, loss_fn, cap, _, _ = _setup("gpt")
+    (idx,) = inputs
+    new_idx = (idx * 7 + 3) % 64
+    ref = copy.deepcopy(model)
+    run_model = copy.deepcopy(model)
+    step = compile_step(
+        run_model, inputs, loss_fn, solvers.get("sqrt")(cap.graph, 10**12), capture=cap
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        ref_loss = loss_fn(ref(new_idx))
+        ref_loss.backward()
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        loss = step(new_idx)
+    assert torch.equal(loss, ref_loss.detach())
+    for (name, p), q in zip(run_model.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
