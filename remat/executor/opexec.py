@@ -360,9 +360,10 @@ def _get_attr(gm: torch.fx.GraphModule, target: str) -> Any:
 class CompiledStep:
     """A training step that runs one plan exactly. Call it like ``loss = step()``.
 
-    ``step(*inputs)`` runs on new inputs of the example inputs' shapes (tensors that ``loss_fn``
-    closes over, such as targets, were captured as constants of the step). Gradients are left in
-    the parameters' ``.grad``, buffers are updated, the detached loss is returned.
+    ``step(*inputs)`` (or ``step(kwargs_dict)``) runs on new inputs of the example inputs'
+    shapes (tensors that ``loss_fn`` closes over, such as targets, were captured as constants of
+    the step). Gradients are left in the parameters' ``.grad``, buffers are updated, the
+    detached loss is returned.
     """
 
     model: nn.Module
@@ -382,7 +383,12 @@ class CompiledStep:
         return graph
 
     def __call__(self, *inputs: Any) -> torch.Tensor:
-        ex = inputs if inputs else self.example_inputs
+        if not inputs:
+            ex = self.example_inputs
+        elif len(inputs) == 1 and isinstance(inputs[0], dict):
+            ex = inputs[0]  # keyword inputs, as the example was given
+        else:
+            ex = inputs
         primals = self.capture.primals(self.model, ex)
         loss_val = self.capture.joint.graph.find_nodes(op="placeholder")[-1].meta["val"]
         tangent = torch.ones(tuple(loss_val.shape), dtype=loss_val.dtype, device=self.device)
