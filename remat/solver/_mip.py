@@ -96,15 +96,23 @@ class SparseModel:
         time_limit_s: float | None = None,
         threads: int | None = None,
         rel_gap: float = 1e-6,
+        start: dict[int, float] | None = None,
     ) -> MipSolution:
+        """Solve; ``start`` (column -> value, possibly partial) is a MIP start for HiGHS,
+        which completes a partial one itself."""
         if backend == "highs":
-            return self._solve_highs(relax, time_limit_s, threads, rel_gap)
+            return self._solve_highs(relax, time_limit_s, threads, rel_gap, start)
         if backend == "cbc":
             return self._solve_cbc(relax, time_limit_s, threads, rel_gap)
         raise ValueError(f"solver: unknown MILP back end {backend!r} (use 'highs' or 'cbc')")
 
     def _solve_highs(
-        self, relax: bool, time_limit_s: float | None, threads: int | None, rel_gap: float
+        self,
+        relax: bool,
+        time_limit_s: float | None,
+        threads: int | None,
+        rel_gap: float,
+        start: dict[int, float] | None = None,
     ) -> MipSolution:
         try:
             import highspy
@@ -138,6 +146,10 @@ class SparseModel:
                 for b in self.integer
             ]
         h.passModel(lp)
+        if start and not relax:
+            idx = np.fromiter(start.keys(), dtype=np.int32, count=len(start))
+            val = np.fromiter(start.values(), dtype=np.float64, count=len(start))
+            h.setSolution(len(start), idx, val)
         h.run()
         ms = h.getModelStatus()
         info = h.getInfo()

@@ -454,6 +454,54 @@ class CheckmateModel:
             m.add_row(terms, -math.inf, hi)
         return (f, 0.0)
 
+    def start_from_plan(self, plan: Plan) -> dict[int, float] | None:
+        """A MIP start (values of ``R`` and ``S``) from a plan of the model's class, or None
+        when the plan is outside it (offloads, a recomputation the model does not allow, or
+        keep decisions that the merged ``S`` variables cannot express)."""
+        g = self.graph
+        n = g.num_nodes
+        start: dict[int, float] = dict.fromkeys(self.R.values(), 0.0)
+        s_val: dict[int, float] = {}
+        resident: set[str] = set()
+        frontier = 0
+        snap_due = True
+
+        def snapshot(t: int) -> bool:
+            for (tt, v), ref in self.S.items():
+                if tt != t or not is_var(ref):
+                    continue
+                want = 1.0 if v in resident else 0.0
+                if s_val.setdefault(ref[0], want) != want:
+                    return False
+            return True
+
+        for step in plan.steps:
+            if step.op in ("offload", "prefetch"):
+                return None
+            if step.op == "free":
+                resident.discard(step.id)
+                continue
+            k = g.node_position(step.id)
+            if snap_due and frontier < n:
+                if not snapshot(frontier):
+                    return None
+                snap_due = False
+            if k == frontier:
+                frontier += 1
+                snap_due = True
+            elif k < frontier:
+                c = self.R.get((frontier, k))
+                if c is None:
+                    return None
+                start[c] = 1.0
+            else:
+                return None
+            resident.update(self.outs[k])
+        if frontier != n:
+            return None
+        start.update(s_val)
+        return start
+
     # -- reading a solution back ----------------------------------------------------------------
 
     def replay(self, x: np.ndarray) -> tuple[Plan, int, float]:
@@ -527,6 +575,22 @@ def fallback_plans(graph: Graph) -> list[Plan]:
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
+def heuristic_plans(graph: Graph, budget_bytes: int) -> list[Plan]:
+    """Fast plans within the budget, fastest first, to start the MILP from (Chen's greedy,
+    rotor and the fallbacks)."""
+    from remat.solver.baselines import solve_chen_greedy
+    from remat.solver.rotor import solve_rotor
+
+    results = [
+        solve_chen_greedy(graph, budget_bytes),
+        solve_rotor(graph, budget_bytes),
+        best_of(graph, budget_bytes, fallback_plans(graph), solver="milp", started=0.0),
+    ]
+    fitting = [r for r in results if r.status != "infeasible" and r.plan is not None]
+    fitting.sort(key=lambda r: r.total_time_s or 0.0)
+    return [r.plan for r in fitting if r.plan is not None]
+
+
 @dataclass
 class CheckmateRun:
     """A solved model: the model, the back end's answer and, when it has one, the plan."""
@@ -563,8 +627,10 @@ def run_checkmate(
     recompute_in_forward: bool | None = None,
     window: WindowSpec = "auto",
     threads: int | None = None,
+    hints: list[Plan] | None = None,
 ) -> CheckmateRun:
-    """Build and solve the model; ``solution`` is None when the budget is below the peak that
+    """Build and solve the model (``hints``: plans to start the MIP from, the first one in the
+    model's class is used); ``solution`` is None when the budget is below the peak that
     any plan needs. A window that proves infeasible is widened (see :func:`window_ladder`). A
     MILP plan that overshoots the budget by solver tolerance (a few bytes) is solved again with
     a relative margin of 10^-6."""
@@ -586,8 +652,17 @@ def run_checkmate(
             )
             if budget_bytes < cm.lower_bound_peak():
                 return CheckmateRun(cm, None)
+            start = None
+            for h in hints or []:
+                start = cm.start_from_plan(h)
+                if start is not None:
+                    break
             sol = cm.model.solve(
-                backend=backend, relax=relax, time_limit_s=max(0.1, left), threads=threads
+                backend=backend,
+                relax=relax,
+                time_limit_s=max(0.1, left),
+                threads=threads,
+                start=start,
             )
             bound = None if sol.bound is None else sol.bound * cm.time_unit_s
             run = CheckmateRun(cm, sol, None, bound)
@@ -667,26 +742,32 @@ def solve_milp(
             status="optimal",
             lower_bound_s=0.0,
         )
+    hints = heuristic_plans(graph, budget_bytes) if graph.num_nodes > SMALL_GRAPH_NODES else []
     run = run_checkmate(
         graph,
         budget_bytes,
-        time_limit_s=limit,
+        time_limit_s=max(0.1, limit - (time.perf_counter() - t0)),
         backend=solver,  # type: ignore[arg-type]
         recompute_backward=recompute_backward,
         recompute_in_forward=recompute_in_forward,
         window=window,
         threads=threads,
+        hints=hints,
     )
     sol = run.solution
     if sol is None or sol.status == "infeasible":
-        fb = best_of(graph, budget_bytes, fallback_plans(graph), solver="milp", started=t0)
+        fb = best_of(graph, budget_bytes, hints + fallback_plans(graph), solver="milp", started=t0)
         if fb.status != "infeasible":
             # The model's class is narrower than a fallback's (restrictions on): use it.
             return fb.model_copy(update={"message": "the MILP found no schedule; fallback plan"})
+        w = run.model.window
         why = (
             "the budget is below what the largest node needs"
             if sol is None
             else "the MILP proved that no schedule fits the budget"
+            if w is None
+            else f"the MILP proved that no schedule recomputing within {w} block(s) fits the "
+            "budget (wider windows were not tried)"
         )
         return infeasible_result(
             graph,
@@ -697,8 +778,10 @@ def solve_milp(
             message=f"{why} ({budget_bytes} bytes)",
         )
     info = f"{run.model.model.num_integer} binaries, {run.model.model.num_rows} rows"
+    fb = best_of(graph, budget_bytes, hints + fallback_plans(graph), solver="milp", started=t0)
+    fb_time = fb.total_time_s if fb.status != "infeasible" and fb.plan is not None else None
     if run.plan is not None:
-        return result_from_plan(
+        res = result_from_plan(
             graph,
             budget_bytes,
             run.plan,
@@ -708,9 +791,10 @@ def solve_milp(
             lower_bound_s=run.bound_s,
             message=f"{info}; {sol.message}" if sol.message else info,
         )
-    # No incumbent in time: return the best fallback plan, with the bound.
-    fb = best_of(graph, budget_bytes, fallback_plans(graph), solver="milp", started=t0)
-    if fb.status == "infeasible" or fb.plan is None:
+        if fb_time is None or (res.total_time_s or 0.0) <= fb_time:
+            return res
+    # No incumbent in time, or a heuristic plan (outside the model's class) is faster.
+    if fb.status == "infeasible" or fb.plan is None or fb_time is None:
         return infeasible_result(
             graph,
             budget_bytes,
@@ -720,6 +804,9 @@ def solve_milp(
             status="timeout",
             message=f"the MILP found no schedule within the time limit ({info})",
         )
+    bound = run.bound_s
+    if bound is not None and bound > fb_time * (1 + 1e-9):
+        bound = None  # the bound holds for the model's class only; this plan lies outside it
     return result_from_plan(
         graph,
         budget_bytes,
@@ -727,6 +814,6 @@ def solve_milp(
         solver="milp",
         started=t0,
         status="feasible",
-        lower_bound_s=run.bound_s,
-        message=f"the MILP found no schedule in time; best fallback plan ({info})",
+        lower_bound_s=bound,
+        message=f"a heuristic plan beats the MILP's incumbent ({info})",
     )
