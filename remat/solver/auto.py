@@ -2,8 +2,8 @@
 
 1. The eager plan: when it fits, nothing beats it (every schedule runs every node at least
    once), so the result is ``optimal``.
-2. Fast heuristics and chain DPs (Chen's greedy, ``checkpoint-all``, ``rotor``; ``pofo`` when
-   offloading is allowed), each a fraction of a second to a few seconds.
+2. Fast heuristics and chain DPs (Chen's greedy, ``checkpoint-all``, ``rotor``, ``lp-round``;
+   ``pofo`` when offloading is allowed), each a fraction of a second to a few seconds.
 3. With the time left: the exact MILP (``milp``) when the graph is small enough for it, else the
    LP rounding (``lp-round``).
 
@@ -68,10 +68,13 @@ def solve_auto(
         )
     results: list[SolveResult] = [eager]
     quick = ["chen-greedy", "checkpoint-all", "rotor"] + (["pofo"] if offload else [])
+    if graph.num_nodes <= MILP_MAX_NODES:
+        quick.append("lp-round")  # fast, and its roundings reach outside the MILP's window
     for name in quick:
         if left() <= 0 and len(results) > 1:
             break
-        results.append(_run(get(name), graph, budget_bytes, max(0.1, left())))
+        share = max(0.1, min(left(), 0.25 * limit))
+        results.append(_run(get(name), graph, budget_bytes, share))
     exact = "milp" if graph.num_nodes <= MILP_MAX_NODES else "lp-round"
     if left() > 0.2:
         results.append(_run(get(exact), graph, budget_bytes, max(0.1, left())))
