@@ -200,15 +200,15 @@ def rotor_table(
                     + np.where(np.arange(s, t - 1) > s, a[s : t - 1], 0)
                 )
             )
-            shift = int(a[s])
-            later = np.full((len(sp), M), INF)
-            if shift < M:
-                later[:, shift:] = cost[s + 1 : t, t, : M - shift]
-            first = cost[s, s + 1 : t, :]
-            tot = (fcum[sp] - fcum[s])[:, None] + later + first
-            tot[ms[None, :] < sweep_peak[:, None]] = INF
+            shift = min(int(a[s]), M)
+            # tot[j, m] = sweep cost + C(s'_j, t, m - a_s) + C(s, s'_j, m), built in place
+            tot = np.empty((len(sp), M))
+            tot[:, :shift] = INF
+            np.add(cost[s + 1 : t, t, : M - shift], cost[s, s + 1 : t, shift:], out=tot[:, shift:])
+            tot += (fcum[sp] - fcum[s])[:, None]
+            np.putmask(tot, ms[None, :] < sweep_peak[:, None], INF)
             k = np.argmin(tot, axis=0)
-            kv = tot[k, ms]
+            kv = np.take_along_axis(tot, k[None, :], axis=0)[0]
             better = kv < best
             best = np.where(better, kv, best)
             arg = np.where(better, sp[k], arg)
