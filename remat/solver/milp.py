@@ -25,12 +25,23 @@ Standard reductions keep the model small and lose no optimal schedule of this cl
 * a value produced by a node that cannot run again is kept from its computation to its last
   reader (its ``S`` are constants);
 * ``S[t, v]`` exists only up to the last stage in which ``v`` or something recomputed from it can
-  still be read; a recomputation is only allowed when one of its outputs is read later in the
-  stage or kept; a value is only kept into a stage that reads it or keeps it further.
+  still be read, and is one variable across stages in which nothing can make, read or free
+  ``v``; a recomputation is only allowed when one of its outputs is read later in the stage or
+  kept; a value is only kept into a stage that reads it or keeps it further.
 
-Two further restrictions, on by default for large graphs only, shrink the model at the price of
-exactness over the whole class: ``recompute_backward`` (may backward nodes run again?) and
-``recompute_in_forward`` (may stages of forward nodes recompute?).
+On graphs over 12 nodes, further restrictions shrink the model at the price of exactness over
+the whole class (the optimum and the bound are then those of the restricted class):
+
+* ``recompute_backward`` off: backward nodes run once;
+* ``recompute_in_forward`` off: only stages of backward nodes recompute;
+* lazy recomputation: a node is recomputed only in a stage that reads its output;
+* a recompute *window*: stage ``t`` recomputes only nodes of the blocks (``block_key`` of the
+  module path) whose values node ``t`` reads, or of the ``window`` blocks before them; the
+  window widens (0, 2, 8, all) when the MILP proves it infeasible.
+
+HiGHS starts from the best heuristic plan (Chen's greedy, rotor, fallbacks) that lies in the
+model's class, and a faster heuristic plan outside the class is returned when it beats the
+MILP's incumbent.
 
 References
 ----------
