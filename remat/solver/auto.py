@@ -10,7 +10,9 @@
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the MILP's dual bound or the LP value when it lies below the plan found (it is a bound
 over the MILP's schedule class), and never less than the eager time, which bounds every
-schedule.
+schedule. ``optimal`` therefore means: proven optimal within the MILP's schedule class (or the
+eager plan fits). Plans that offload (``pofo``) are only tried with ``offload=True``, since
+they need an executor with a copy stream.
 
 References
 ----------
