@@ -372,13 +372,20 @@ class _Tagger(TorchDispatchMode):
 
 
 class _Offloader:
-    """saved_tensors_hooks that move the saved tensors of offloaded values to host memory."""
+    """saved_tensors_hooks that move the saved tensors of offloaded values to host memory.
+
+    One host copy per storage, shared by every saved tensor (view) of it; the first unpack in
+    the backward pass brings it back, and later unpacks of the same storage share that copy
+    while it is alive.
+    """
 
     def __init__(self, host: HostMemory, offload: frozenset[str]) -> None:
         self.host = host
         self.offload = offload
         self.tagger: _Tagger | None = None
-        self._host_copies: dict[int, Any] = {}
+        # id(storage) -> (weak reference to that storage, shared box); the reference tells a
+        # live entry from one whose storage died and whose id was reused.
+        self._boxes: dict[int, tuple[Any, dict[str, Any]]] = {}
 
     def pack(self, t: torch.Tensor) -> Any:
         tagger = self.tagger
@@ -388,27 +395,27 @@ class _Offloader:
         vid = tagger.value_of.get(id(st))
         if vid is None or vid not in self.offload:
             return t
-        shared = self._host_copies.get(id(st))
-        host = shared() if shared is not None else None
-        if host is None:
+        entry = self._boxes.get(id(st))
+        box = entry[1] if entry is not None and entry[0]() is st else None
+        if box is None:
             base = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
-            host = self.host.offload(base)
-            self._host_copies[id(st)] = weakref.ref(host)
-        box = {"host": host, "device": None}
+            box = {"host": self.host.offload(base), "device": None}
+            self._boxes[id(st)] = (weakref.ref(st), box)
         return (box, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
         box, dtype, offset, shape, stride = packed
-        dev = box["device"]() if box["device"] is not None else None
-        if dev is None:
+        storage = box["device"]() if box["device"] is not None else None
+        if storage is None:
             dev, event = self.host.prefetch(box["host"])
             if event is not None:
                 torch.cuda.current_stream().wait_event(event)
-            box["device"] = weakref.ref(dev)
-        out = torch.empty(0, dtype=dtype, device=dev.device)
-        return out.set_(dev.untyped_storage(), offset, shape, stride)
+            storage = dev.untyped_storage()
+            box["device"] = weakref.ref(storage)
+        out = torch.empty(0, dtype=dtype, device=storage.device)
+        return out.set_(storage, offset, shape, stride)
 
 
 def _checkpointed(
