@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 import uuid
 from typing import Any
@@ -36,7 +35,7 @@ from remat.api.schemas import (
 from remat.api.settings import Settings
 from remat.api.store import UNFINISHED, JobKind, JobRecord, Store
 from remat.api.tasks import DEFAULT_FRONTIER, PROGRESS_OPTION
-from remat.ir import Graph, RematError, eager_plan, parse_bytes, simulate
+from remat.ir import Graph, RematError, eager_plan, parse_budget, simulate
 
 log = logging.getLogger("remat.api")
 
@@ -53,22 +52,12 @@ def normalize_budget(spec: int | float | str, loc: list[str | int]) -> int | str
 
     Checks what can be checked without the graph, so a bad budget never reaches a worker.
     """
-    frac: float | None = None
-    if isinstance(spec, float):
-        frac = spec
-    elif isinstance(spec, str) and spec.strip().endswith("%"):
-        try:
-            frac = float(spec.strip()[:-1]) / 100
-        except ValueError:
-            raise field_error(loc, f"budget: not a percentage: {spec!r}") from None
-    if frac is not None:
-        if not (math.isfinite(frac) and 0 < frac <= 1):
-            raise field_error(loc, f"budget: a fraction must be in (0, 1], got {spec!r}")
-        return f"frac:{frac!r}"
     try:
-        n = parse_bytes(spec)  # type: ignore[arg-type]
+        n = parse_budget(spec)
     except ValueError as exc:
-        raise field_error(loc, f"budget: {exc}") from None
+        raise field_error(loc, str(exc)) from None
+    if isinstance(n, float):
+        return f"frac:{n!r}"
     if n > MAX_BYTES:
         raise field_error(loc, f"budget: {n} bytes exceeds the largest budget ({MAX_BYTES})")
     return n

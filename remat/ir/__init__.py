@@ -4,7 +4,7 @@ Imports only the standard library, pydantic and numpy, so the solvers and the se
 without torch.
 """
 
-from remat.ir.budget import format_bytes, parse_bytes, resolve_budget
+from remat.ir.budget import format_bytes, parse_budget, parse_bytes, resolve_budget
 from remat.ir.builder import Out, StepBuilder
 from remat.ir.cuts import Cut, articulation_cuts, block_cuts, block_key, forward_cuts
 from remat.ir.devices import PROFILES, get_profile
@@ -50,6 +50,7 @@ __all__ = [
     "get_profile",
     "keep_plan",
     "offload",
+    "parse_budget",
     "parse_bytes",
     "prefetch",
     "resolve_budget",

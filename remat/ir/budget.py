@@ -60,6 +60,36 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def parse_budget(spec: BudgetSpec) -> int | float:
+    """Check a budget spec without its graph: bytes as an ``int``, or a fraction as a ``float``.
+
+    ``12884901888``, ``"12GiB"`` -> bytes; ``0.7``, ``"70%"`` -> the fraction 0.7. What a
+    fraction means needs the graph: see :func:`resolve_budget`.
+
+    Raises
+    ------
+    ValueError
+        Naming the spec when it is negative, out of range or unparseable.
+    """
+    if isinstance(spec, bool):
+        raise ValueError(f"budget: not a budget: {spec!r}")
+    if isinstance(spec, float):
+        frac = spec
+    elif isinstance(spec, str) and spec.strip().endswith("%"):
+        try:
+            frac = float(spec.strip()[:-1]) / 100
+        except ValueError:
+            raise ValueError(f"budget: not a percentage: {spec!r}") from None
+    else:
+        try:
+            return parse_bytes(spec)
+        except ValueError as exc:
+            raise ValueError(f"budget: {exc}") from None
+    if not (math.isfinite(frac) and 0 < frac <= 1):
+        raise ValueError(f"budget: a fraction must be in (0, 1], got {spec!r}")
+    return frac
+
+
 def resolve_budget(graph: Graph, spec: BudgetSpec) -> int:
     """Turn a budget spec into total device bytes (static + dynamic) for ``graph``.
 
@@ -73,25 +103,11 @@ def resolve_budget(graph: Graph, spec: BudgetSpec) -> int:
     ValueError
         Naming the spec when it is negative, out of range or unparseable.
     """
-    if isinstance(spec, bool):
-        raise ValueError(f"budget: not a budget: {spec!r}")
-    frac: float | None = None
-    if isinstance(spec, float):
-        frac = spec
-    elif isinstance(spec, str) and spec.strip().endswith("%"):
-        try:
-            frac = float(spec.strip()[:-1]) / 100
-        except ValueError:
-            raise ValueError(f"budget: not a percentage: {spec!r}") from None
-    if frac is not None:
-        if not (0 < frac <= 1) or math.isnan(frac):
-            raise ValueError(f"budget: a fraction must be in (0, 1], got {spec!r}")
-        from remat.ir.plans import eager_plan
-        from remat.ir.simulate import simulate
+    budget = parse_budget(spec)
+    if isinstance(budget, int):
+        return budget
+    from remat.ir.plans import eager_plan
+    from remat.ir.simulate import simulate
 
-        dyn = simulate(graph, eager_plan(graph)).peak_dynamic_bytes
-        return graph.static_bytes + int(frac * dyn)
-    try:
-        return parse_bytes(spec)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise ValueError(f"budget: {exc}") from None
+    dyn = simulate(graph, eager_plan(graph)).peak_dynamic_bytes
+    return graph.static_bytes + int(budget * dyn)
