@@ -87,6 +87,32 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         lst = bwd_readers.get(v)
         return lst[-1] if lst else -1
 
+    # Outputs of non-recomputable nodes (batch norm) cannot be made again: hold each one while a
+    # forward value that may have to be recomputed from it is still read by the backward pass.
+    # ext[x]: the last backward position at which a recomputation may read x (conservative).
+    ext: dict[str, int] = {}
+    for n in reversed(nodes):
+        if n.phase != "forward":
+            continue
+        for o in n.outputs:
+            reach = -1
+            for c in graph.consumers_of(o):
+                if c.phase != "forward" or not c.recomputable:
+                    continue
+                for oo in c.outputs:
+                    need = ext.get(oo, -1)
+                    if oo not in keep_set:
+                        need = max(need, last_bwd(oo))
+                    reach = max(reach, need)
+            ext[o] = reach
+    hold = {
+        o: max(last_bwd(o), ext.get(o, -1))
+        for n in nodes
+        if n.phase == "forward" and not n.recomputable
+        for o in n.outputs
+        if _freeable(graph, o)
+    }
+
     steps: list[Step] = []
     resident: set[str] = set()  # freeable values on the device
 
@@ -95,8 +121,14 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         steps.append(Step(op="free", id=v))
 
     def needed_later(v: str, pos: int) -> bool:
-        """Read directly by a node after position ``pos`` (in the unmodified order)."""
-        return graph.is_required(v) or fwd_last.get(v, -1) > pos or last_bwd(v) > pos
+        """Read directly by a node after position ``pos`` (in the unmodified order), or held
+        for a recomputation (see ``hold``)."""
+        return (
+            graph.is_required(v)
+            or fwd_last.get(v, -1) > pos
+            or last_bwd(v) > pos
+            or hold.get(v, -1) > pos
+        )
 
     for i, n in enumerate(nodes):
         if n.phase == "forward":
@@ -107,7 +139,7 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
                     continue
                 if fwd_last.get(v, -1) > i or graph.is_required(v):
                     continue
-                if v in keep_set and last_bwd(v) > i:
+                if v in keep_set and max(last_bwd(v), hold.get(v, -1)) > i:
                     continue
                 free(v)
             continue
@@ -121,6 +153,9 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         for v in (*n.inputs, *n.outputs):
             if v in resident and not needed_later(v, i):
                 free(v)
+        for v in [h for h in hold if h in resident and hold[h] == i]:
+            if not needed_later(v, i):
+                free(v)  # held for recomputations that are now all done
     return Plan(steps=tuple(steps))
 
 
