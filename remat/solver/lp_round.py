@@ -106,8 +106,8 @@ def solve_lp_round(
     Notes
     -----
     ``lower_bound_s`` is the LP value for the requested budget: a lower bound on the time of
-    any schedule of the model's class (see ``milp``); it is left out when the plan found lies
-    outside that class and beats it.
+    any schedule of Checkmate's class, given only when the model carries none of ``milp``'s
+    optional restrictions (and left out when a plan found beats it).
 
     References
     ----------
@@ -135,8 +135,8 @@ def solve_lp_round(
         sol = run.solution
         if sol is None or sol.values is None:
             break
-        if shrink == 1.0:
-            bound = run.bound_s
+        if shrink == 1.0 and run.model.exact:
+            bound = run.bound_s  # the LP of a restricted model bounds that class only
         for keep in _keep_sets(
             run.model, sol.values, thresholds=thresholds, samples=samples, seed=seed
         ):

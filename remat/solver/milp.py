@@ -124,6 +124,18 @@ class CheckmateModel:
     blocks_read: list[set[int]] = field(default_factory=list)
     """Recompute a node only in a stage that reads its output (not to keep it for later)."""
 
+    @property
+    def exact(self) -> bool:
+        """No optional restriction is on: the optimum and the bound hold over Checkmate's whole
+        schedule class, so they bound every recompute-only plan the simulator accepts in this
+        stage order."""
+        return (
+            self.recompute_backward
+            and self.recompute_in_forward
+            and not self.lazy
+            and self.window is None
+        )
+
     # -- model quantities -----------------------------------------------------------------------
 
     def r(self, t: int, k: int) -> Ref:
@@ -730,9 +742,11 @@ def solve_milp(
     Notes
     -----
     ``status="optimal"`` only when the MILP solver proved optimality; the optimum is over
-    schedules that first compute nodes in graph order, as every remat schedule does, within
-    the restrictions chosen above. ``lower_bound_s`` is the MILP's dual bound over the same
-    class. See the module docstring for the formulation.
+    schedules that first compute nodes in graph order, as every remat schedule does, and only
+    when none of the optional restrictions above is on; ``lower_bound_s`` (the MILP's dual
+    bound) likewise only then. With restrictions on (graphs over 12 nodes by default) the
+    result is ``feasible``, and its message gives the restricted class's optimum status and
+    bound. See the module docstring for the formulation.
 
     References
     ----------
@@ -791,6 +805,13 @@ def solve_milp(
     info = f"{run.model.model.num_integer} binaries, {run.model.model.num_rows} rows"
     fb = best_of(graph, budget_bytes, hints + fallback_plans(graph), solver="milp", started=t0)
     fb_time = fb.total_time_s if fb.status != "infeasible" and fb.plan is not None else None
+    exact = run.model.exact
+    if not exact:
+        # Restrictions are on: the solver's optimum and bound hold for the restricted class
+        # only, which other plans can beat. Say so, and claim neither.
+        how = "proven optimal" if sol.status == "optimal" else "best found"
+        cls_bound = "-" if run.bound_s is None else f"{run.bound_s:.6g} s"
+        info += f"; {how} within the restricted class (class bound {cls_bound}), not overall"
     if run.plan is not None:
         res = result_from_plan(
             graph,
@@ -798,8 +819,8 @@ def solve_milp(
             run.plan,
             solver="milp",
             started=t0,
-            status="optimal" if sol.status == "optimal" else "feasible",
-            lower_bound_s=run.bound_s,
+            status="optimal" if sol.status == "optimal" and exact else "feasible",
+            lower_bound_s=run.bound_s if exact else None,
             message=f"{info}; {sol.message}" if sol.message else info,
         )
         if fb_time is None or (res.total_time_s or 0.0) <= fb_time:
@@ -815,7 +836,7 @@ def solve_milp(
             status="timeout",
             message=f"the MILP found no schedule within the time limit ({info})",
         )
-    bound = run.bound_s
+    bound = run.bound_s if exact else None
     if bound is not None and bound > fb_time * (1 + 1e-9):
         bound = None  # the bound holds for the model's class only; this plan lies outside it
     return result_from_plan(
