@@ -1,0 +1,47 @@
+"""Who imports whom (DESIGN.md): ir is the centre; tracer, solver, executor and api depend on it
+and not on each other, except api -> solver and executor -> tracer (the op-level executor runs
+plans over the tracer's captured graph)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "remat"
+ALLOWED = {
+    "ir": {"ir"},
+    "solver": {"ir", "solver"},
+    "tracer": {"ir", "tracer"},
+    "executor": {"ir", "executor", "tracer"},
+    "api": {"ir", "solver", "api"},
+}
+
+
+def remat_imports(path: Path) -> set[str]:
+    """Subpackages of remat a module imports, anywhere in it (lazy imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = (
+                [node.module] if node.module != "remat" else [f"remat.{a.name}" for a in node.names]
+            )
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "remat" and not (len(parts) > 1 and parts[1] == "__version__"):
+                found.add(parts[1] if len(parts) > 1 else "<remat>")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_what_design_allows(package: str) -> None:
+    bad = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        extra = remat_imports(path) - ALLOWED[package]
+        if extra:
+            bad[str(path.relative_to(ROOT))] = sorted(extra)
+    assert not bad, f"imports outside the layering of DESIGN.md: {bad}"
