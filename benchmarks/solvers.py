@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             for n, r, secs in rows:
                 ok = r.status in ("optimal", "feasible")
                 over = f"{100 * (r.overhead or 0):8.2f}%" if ok else f"{'-':>9}"
-                g = max(0.0, (r.total_time_s or 0) / best_lb - 1)  # float noise below the bound
-                gap = f"{100 * g:7.2f}%" if ok else f"{'-':>8}"
+                rel = max(0.0, (r.total_time_s or 0) / best_lb - 1)  # float noise below the bound
+                gap = f"{100 * rel:7.2f}%" if ok else f"{'-':>8}"
                 print(f"{fam:<14} {frac:>6.0%}  {n:<14} {r.status:<10} {over} {secs:8.2f} {gap}")
             sys.stdout.flush()
     print(f"total {time.perf_counter() - t_all:.0f} s")
