@@ -8,11 +8,12 @@
    LP rounding (``lp-round``).
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
-known: the MILP's dual bound or the LP value when it lies below the plan found (it is a bound
-over the MILP's schedule class), and never less than the eager time, which bounds every
-schedule. ``optimal`` therefore means: proven optimal within the MILP's schedule class (or the
-eager plan fits). Plans that offload (``pofo``) are only tried with ``offload=True``, since
-they need an executor with a copy stream.
+known: the MILP's dual bound or the LP value (given only by models without ``milp``'s optional
+restrictions, i.e. graphs of up to 12 nodes by default) when it lies below the plan found, and
+never less than the eager time, which bounds every schedule. ``optimal`` therefore means: the
+eager plan fits, or the plan meets a bound proven over Checkmate's whole schedule class.
+Plans that offload (``pofo``) are only tried with ``offload=True``, since they need an executor
+with a copy stream.
 
 References
 ----------
