@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from _models import MILP_TIME_LIMIT_S, SMALL
+from _models import SMALL, solve_or_skip
 from test_opexec import _offload_candidates, offload_plan
 
 import remat
@@ -42,21 +42,11 @@ def _eager(model: Any, inputs: Any, loss_fn: Any) -> Any:
         return measure(model, inputs, loss_fn)
 
 
-def _solve(name: str, graph: Any, budget: int) -> Any:
-    if name not in solvers.available():
-        pytest.skip(f"solver {name!r} is not registered yet (the solver issue adds it)")
-    opts = {"time_limit_s": MILP_TIME_LIMIT_S} if name == "milp" else {}
-    result = solvers.get(name)(graph, budget, **opts)
-    if result.plan is None:
-        pytest.skip(f"{name} returned no plan at this budget ({result.status})")
-    return result
-
-
 @pytest.mark.parametrize("solver", ["checkpoint-all", "sqrt", "rotor", "milp"])
 @pytest.mark.parametrize("model_name", list(SMALL))
 def test_apply_keeps_gradients_and_buffers_exact(model_name: str, solver: str) -> None:
     model, inputs, loss_fn, cap = _setup(model_name)
-    result = _solve(solver, cap.graph, resolve_budget(cap.graph, 0.7))
+    result = solve_or_skip(solver, cap.graph, resolve_budget(cap.graph, 0.7))
     ref = copy.deepcopy(model)
     run = copy.deepcopy(model)
     with warnings.catch_warnings():
@@ -157,7 +147,7 @@ def test_apply_runs_an_offloading_solver_plan_exactly() -> None:
     model, inputs, loss_fn = build_gpt(batch=2, seq=32, vocab=64, d_model=32, n_layers=3)
     # Costed with this CPU's profile: its host link is as fast as its memory, offloading pays.
     cap = trace_capture(model, inputs, loss_fn, cost="cpu")
-    result = _solve("pofo", cap.graph, resolve_budget(cap.graph, 0.5))
+    result = solve_or_skip("pofo", cap.graph, resolve_budget(cap.graph, 0.5))
     if not any(s.op == "offload" for s in result.plan.steps):
         pytest.skip("pofo chose no offload with this machine's cost profile")
     report = remat.verify(model, inputs, loss_fn, result, executor="module", capture=cap, repeats=0)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from _models import FRACTIONS, MILP_TIME_LIMIT_S, SMALL, SOLVERS
+from _models import FRACTIONS, SMALL, SOLVERS, solve_or_skip
 
 from remat import solver as solvers
 from remat.executor import ExecutorError, compile_step, measure
@@ -35,16 +35,6 @@ def _setup(model_name: str) -> tuple[Any, Any, Any, Any, dict[str, torch.Tensor]
         mem = measure(ref, inputs, loss_fn)
     grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
     return model, inputs, loss_fn, cap, grads, mem
-
-
-def _solve(name: str, graph: Any, budget: int) -> Any:
-    if name not in solvers.available():
-        pytest.skip(f"solver {name!r} is not registered yet (the solver issue adds it)")
-    opts = {"time_limit_s": MILP_TIME_LIMIT_S} if name == "milp" else {}
-    result = solvers.get(name)(graph, budget, **opts)
-    if result.plan is None:
-        pytest.skip(f"{name} returned no plan at this budget ({result.status})")
-    return result
 
 
 def _run(model_name: str, plan: Any) -> tuple[Any, Any, Any]:
@@ -72,7 +62,7 @@ def test_plan_runs_as_simulated(model_name: str, solver: str, frac: float) -> No
     _, _, _, cap, grads, eager = _setup(model_name)
     graph = cap.graph
     budget = resolve_budget(graph, frac)
-    result = _solve(solver, graph, budget)
+    result = solve_or_skip(solver, graph, budget)
     run_model, mem, _ = _run(model_name, result)
 
     _assert_same_grads(run_model, grads)
@@ -291,7 +281,7 @@ def test_offloading_solver_plans_run_exactly(model_name: str) -> None:
     # Costed with this CPU's profile: its host link is as fast as its memory, offloading pays.
     cap = trace_capture(model, inputs, loss_fn, cost="cpu")
     graph = cap.graph
-    result = _solve("pofo", graph, resolve_budget(graph, 0.5))
+    result = solve_or_skip("pofo", graph, resolve_budget(graph, 0.5))
     report = verify(model, inputs, loss_fn, result, capture=cap, repeats=0)
     assert report.grads_bitwise_equal
     assert report.measured_dynamic_bytes == report.predicted_dynamic_bytes
