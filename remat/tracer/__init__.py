@@ -3,8 +3,8 @@ that imports torch).
 
 Public API
 ----------
-``trace(model, example_inputs, loss_fn=None, *, cost="flops", optimizer=None, fake=True,
-target=None)``
+``trace(model, example_inputs, loss_fn=None, *, cost="flops", optimizer=None,
+require_real=False, target=None)``
     One training step as a validated, costed ``Graph``. ``cost`` is ``"flops"``, ``"measure"``,
     a :class:`~remat.ir.DeviceProfile` or a profile name (``"cpu"``, ``"a100"``, ``"h100"``,
     ``"h200"``). ``target="cuda"`` mirrors the CUDA eager step (fused dropout and attention)
@@ -13,7 +13,7 @@ target=None)``
     Imports ``MODULE`` (dotted name or ``.py`` path), calls ``FUNCTION()``, which returns
     ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``, and traces it. The CLI's
     ``remat trace`` and ``remat check`` use it. ``load_spec`` does the loading alone.
-``capture(model, example_inputs, loss_fn=None, *, fake=True, target="cpu") -> Capture``
+``capture(model, example_inputs, loss_fn=None, *, require_real=False, target="cpu") -> Capture``
     The lower level, for the op-level executor: the functional joint FX graph and the IR graph
     (FLOPs, no times) with the maps between them. ``trace_capture(...)`` returns a ``Capture``
     whose ``graph`` is costed like ``trace``'s.

@@ -23,7 +23,7 @@ def trace(
     *,
     cost: Cost = "flops",
     optimizer: torch.optim.Optimizer | None = None,
-    fake: bool = True,
+    require_real: bool = False,
     target: str | None = None,
 ) -> Graph:
     """Trace one training step of ``model`` into a costed graph.
@@ -43,9 +43,10 @@ def trace(
     optimizer
         When given, its state (real, or the state one step would create) is added to
         ``static_bytes``.
-    fake
+    require_real
         Tracing always runs on fake tensors, so no memory the size of the model is needed (a
-        model on the meta device traces too); ``fake=False`` asserts that the model is real.
+        model on the meta device traces too); ``require_real=True`` checks that the model's
+        tensors are real.
     target
         Whose eager step the graph mirrors: ``"cpu"`` (default) or ``"cuda"`` (see
         :func:`remat.tracer.capture`). Pass ``"cuda"`` with a GPU cost profile to plan a GPU's
@@ -64,7 +65,13 @@ def trace(
         When the model cannot be traced (the message names the op and the module).
     """
     return trace_capture(
-        model, example_inputs, loss_fn, cost=cost, optimizer=optimizer, fake=fake, target=target
+        model,
+        example_inputs,
+        loss_fn,
+        cost=cost,
+        optimizer=optimizer,
+        require_real=require_real,
+        target=target,
     ).graph
 
 
@@ -75,12 +82,12 @@ def trace_capture(
     *,
     cost: Cost = "flops",
     optimizer: torch.optim.Optimizer | None = None,
-    fake: bool = True,
+    require_real: bool = False,
     target: str | None = None,
 ) -> Capture:
     """As :func:`trace`, but return the whole :class:`Capture` (its ``graph`` is costed)."""
     resolved = resolve_cost(cost)
-    cap = capture(model, example_inputs, loss_fn, fake=fake, target=target or "cpu")
+    cap = capture(model, example_inputs, loss_fn, require_real=require_real, target=target or "cpu")
     graph = apply_costs(cap, resolved, model=model, example_inputs=example_inputs)
     if optimizer is not None:
         extra = optimizer_state_bytes(optimizer, model)
@@ -191,11 +198,11 @@ def load_spec(spec: str) -> tuple[nn.Module, Any, LossFn | None]:
 
 
 def trace_spec(
-    spec: str, *, cost: Cost = "flops", fake: bool = True, target: str | None = None
+    spec: str, *, cost: Cost = "flops", require_real: bool = False, target: str | None = None
 ) -> Graph:
     """Load ``MODULE:FUNCTION`` (see :func:`load_spec`) and :func:`trace` what it returns."""
     model, inputs, loss_fn = load_spec(spec)
-    return trace(model, inputs, loss_fn, cost=cost, fake=fake, target=target)
+    return trace(model, inputs, loss_fn, cost=cost, require_real=require_real, target=target)
 
 
 __all__ = [

@@ -68,7 +68,7 @@ def test_fake_and_real_and_meta_traces_agree() -> None:
     sizes = {"batch": 2, "seq": 16, "vocab": 64, "d_model": 32, "n_layers": 1}
     model, inputs, loss_fn = build_gpt(**sizes)
     fake = trace(model, inputs, loss_fn)
-    real = trace(model, inputs, loss_fn, fake=False)
+    real = trace(model, inputs, loss_fn, require_real=True)
     meta_model, meta_inputs, meta_loss = build_gpt(device="meta", **sizes)
     meta = trace(meta_model, meta_inputs, meta_loss)
     # A model built under a FakeTensorMode of the user's, with fake inputs and targets: the

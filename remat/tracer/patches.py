@@ -1,0 +1,125 @@
+"""Process-wide torch state that a capture changes for its duration, and restores.
+
+Each patch makes the traced graph mirror the eager step it replaces, or lets a model trace at
+all; :func:`capture_patches` applies them together under one lock, because they change state
+that every thread of the process sees (dispatcher kernels, global flags, module attributes).
+
+* :func:`eager_composites`: ``aten.dropout`` (and upsampling and a few losses) traced through
+  their C++ composites, as eager CPU runs them, instead of torch's Python decompositions
+  (``native_dropout``, index arithmetic), so that the saved tensors and the random numbers
+  drawn are those of the eager step.
+* :func:`no_fused_cpu_rnn`: RNNs decomposed into cells (torch's decomposition, with mkldnn off
+  while tracing): the fused CPU kernel (``mkldnn_rnn_layer``) has no usable fake implementation
+  of its saved workspace, and its joint graph cannot run.
+* :func:`allow_fake_constants`: fake tensors a model closes over may become graph constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# Ops for which torch registers Python decompositions (at CompositeImplicitAutograd or
+# Autograd) that tracing uses but eager CPU does not (eager runs the C++ composite or
+# derivative). Tracing through the C++ ones keeps the graph equal to the eager step: same ops,
+# same saved tensors, same random numbers (dropout's bernoulli noise, not native_dropout's mask).
+EAGER_COMPOSITES = (
+    "dropout.default",
+    *(
+        f"{kind}.{overload}"
+        for kind in (
+            "upsample_nearest1d",
+            "upsample_nearest2d",
+            "upsample_nearest3d",
+            "_upsample_nearest_exact1d",
+            "_upsample_nearest_exact2d",
+            "_upsample_nearest_exact3d",
+            "upsample_linear1d",
+            "upsample_bilinear2d",
+            "upsample_trilinear3d",
+            "upsample_bicubic2d",
+            "_upsample_bilinear2d_aa",
+            "_upsample_bicubic2d_aa",
+        )
+        for overload in ("default", "vec")
+    ),
+    "hardshrink.default",
+    "softshrink.default",
+    "multi_margin_loss.default",
+    "multilabel_margin_loss_forward.default",
+)
+
+
+@contextlib.contextmanager
+def eager_composites(*, keep_fused_dropout: bool = False) -> Iterator[None]:
+    """Trace the ops in :data:`EAGER_COMPOSITES` as eager runs them (dropout as on the CPU unless
+    ``keep_fused_dropout``: CUDA runs ``native_dropout``, as torch's decomposition does)."""
+    keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
+    saved: list[tuple[Any, Any, Any]] = []
+    for name in EAGER_COMPOSITES:
+        if keep_fused_dropout and name == "dropout.default":
+            continue
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is None:
+            continue
+        for key in keys:
+            if key in op.py_kernels:
+                saved.append((op, key, op.py_kernels.pop(key)))
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, kernel in saved:
+            op.py_kernels[key] = kernel
+            op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def no_fused_cpu_rnn() -> Iterator[None]:
+    """RNNs decompose into cells instead of ``mkldnn_rnn_layer``, whose saved workspace its fake
+    implementation leaves undefined (the joint graph then cannot run). Only torch's RNN
+    decomposition reads this flag while tracing; convolutions stay ``aten.convolution``."""
+    # (torch.backends.mkldnn.flags() would also touch TF32 settings, with a warning each time.)
+    saved = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(saved)
+
+
+@contextlib.contextmanager
+def allow_fake_constants() -> Iterator[None]:
+    """Let fake tensors a model closes over (a model built under FakeTensorMode, targets made
+    there) become graph constants: ``aot_function`` rejects them with "Unexpected fake buffer
+    _tensor_constant0", a check meant for compiled graphs that will run; ours is only read."""
+    import torch._dynamo.utils as dynamo_utils
+
+    saved = dynamo_utils.assert_no_fake_params_or_buffers
+    dynamo_utils.assert_no_fake_params_or_buffers = lambda gm: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dynamo_utils.assert_no_fake_params_or_buffers = saved
+
+
+# The patches change process-wide torch state: one capture at a time (re-entrant, so a capture
+# made while tracing, by a model's own code, does not deadlock).
+CAPTURE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def capture_patches(*, target: str = "cpu") -> Iterator[None]:
+    """Every patch above, under :data:`CAPTURE_LOCK`, for one capture for ``target``."""
+    with (
+        CAPTURE_LOCK,
+        eager_composites(keep_fused_dropout=target == "cuda"),
+        no_fused_cpu_rnn(),
+        allow_fake_constants(),
+    ):
+        yield
