@@ -20,6 +20,7 @@ from remat.solver import (  # noqa: F401  (importing a solver module registers i
     lp_round,
     milp,
     pofo,
+    revolve,
     rotor,
 )
 from remat.solver.base import (

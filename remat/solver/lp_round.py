@@ -24,43 +24,45 @@ import numpy as np
 from remat.ir import Graph, Plan, Step
 from remat.ir.chain import plan_from_steps
 from remat.solver.base import SolveResult, best_of, infeasible_result, register, result_from_plan
-from remat.solver.milp import CheckmateModel, WindowSpec, fallback_plans, is_var, run_checkmate
+from remat.solver.checkmate import CheckmateModel, is_var
+from remat.solver.milp import WindowSpec, fallback_plans, run_checkmate
+from remat.solver.milp_index import MilpIndex
 
 
-def schedule_from_keep(cm: CheckmateModel, keep: dict[tuple[int, str], bool]) -> Plan:
+def schedule_from_keep(ix: MilpIndex, keep: dict[tuple[int, str], bool]) -> Plan:
     """Phase 2: the plan that keeps ``v`` into stage ``t`` where ``keep[t, v]`` and recomputes
     what each stage's node needs from what is resident.
 
     Values whose producer cannot run again are always kept until their last reader.
     """
-    g = cm.graph
+    g = ix.graph
     n = g.num_nodes
     resident: set[str] = set()
     steps: list[Step] = []
 
     def fixed(v: str) -> bool:
-        return not cm.rerun[cm.producer[v]] or v in cm.required
+        return not ix.rerun[ix.producer[v]] or v in ix.required
 
     def bring(values: list[str], t: int) -> None:
         todo: set[int] = set()
         stack = [v for v in values if v not in resident]
         while stack:
             v = stack.pop()
-            p = cm.producer[v]
+            p = ix.producer[v]
             if p in todo:
                 continue
-            if not cm.rerun[p] or p >= t:
+            if not ix.rerun[p] or p >= t:
                 raise AssertionError(f"value {v!r} cannot be recomputed in stage {t}")
             todo.add(p)
-            stack.extend(x for x in cm.ins[p] if x not in resident)
+            stack.extend(x for x in ix.ins[p] if x not in resident)
         for p in sorted(todo):
             steps.append(Step(op="compute", id=g.nodes[p].id))
-            resident.update(cm.outs[p])
+            resident.update(ix.outs[p])
 
     for t in range(n):
-        bring(list(cm.ins[t]), t)
+        bring(list(ix.ins[t]), t)
         steps.append(Step(op="compute", id=g.nodes[t].id))
-        resident.update(cm.outs[t])
+        resident.update(ix.outs[t])
         # drop what is not kept into the next stage (the free itself is placed later)
         for v in list(resident):
             if fixed(v):
@@ -74,7 +76,7 @@ def _keep_sets(
     cm: CheckmateModel, x: np.ndarray, *, thresholds: tuple[float, ...], samples: int, seed: int
 ) -> list[dict[tuple[int, str], bool]]:
     rng = random.Random(seed)
-    refs = list(cm.S.items())
+    refs = list(cm.vars.S.items())
     vals = {key: (float(x[r[0]]) if is_var(r) else r[1]) for key, r in refs}
     out = [{k: v >= th - 1e-9 for k, v in vals.items()} for th in thresholds]
     for _ in range(samples):
@@ -140,7 +142,7 @@ def solve_lp_round(
         for keep in _keep_sets(
             run.model, sol.values, thresholds=thresholds, samples=samples, seed=seed
         ):
-            candidates.append(schedule_from_keep(run.model, keep))
+            candidates.append(schedule_from_keep(run.model.index, keep))
         res = best_of(graph, budget_bytes, candidates, solver="lp-round", started=t0)
         if res.status != "infeasible":
             break

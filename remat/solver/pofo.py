@@ -28,16 +28,16 @@ import numpy as np
 from remat.ir import Graph, Plan
 from remat.ir.chain import ChainOp, CutKind, chain_view, expand
 from remat.solver.base import SolveResult, infeasible_result, register
-from remat.solver.rotor import (
+from remat.solver.chain_dp import (
     ChainArrays,
-    _trivial,
     dynamic_room,
     eager_dynamic_peak,
     fit_chain_plan,
     min_chain_slots,
     rotor_table,
-    solve_rotor,
+    trivial_result,
 )
+from remat.solver.rotor import solve_rotor
 
 
 def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
@@ -95,7 +95,7 @@ def solve_pofo(
     if not bw > 0:
         raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
     t0 = time.perf_counter()
-    triv = _trivial(graph, budget_bytes, "pofo", t0)
+    triv = trivial_result(graph, budget_bytes, "pofo", t0)
     if triv is not None:
         return triv
     rotor = solve_rotor(

@@ -11,7 +11,7 @@ from remat.ir import eager_plan, simulate
 from remat.ir.chain import chain_view
 from remat.ir.synthetic import chain, transformer
 from remat.solver import get
-from remat.solver.rotor import ChainArrays, revolve_table, rotor_table
+from remat.solver.chain_dp import ChainArrays, revolve_table, rotor_table
 
 
 def griewank_extra_forwards(steps: int, snapshots: int) -> int:
