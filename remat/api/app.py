@@ -70,7 +70,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
     )
-    app.state.settings = settings
     app.state.service = service
     errors.install(app)
     install_openapi(app)

@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from remat.api.service import Service
-from remat.api.settings import Settings, get_settings
 
 
 def get_service(request: Request) -> Service:
@@ -16,7 +15,6 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 # Error answers documented on the routes (the bodies follow remat.api.errors).
 ERRORS: dict[int | str, dict[str, str]] = {

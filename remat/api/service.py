@@ -21,6 +21,9 @@ import time
 import uuid
 from typing import Any
 
+from fastapi import Response
+from fastapi.responses import JSONResponse
+
 from remat import solver as solvers
 from remat.api.errors import ApiError, field_error
 from remat.api.pool import QueueFull, WorkerCrashed, WorkerPool, WorkerTimeout
@@ -63,8 +66,24 @@ def normalize_budget(spec: int | float | str, loc: list[str | int]) -> int | str
     return n
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A validated solve or frontier request, ready to answer from the store, queue or run."""
+
+    kind: JobKind
+    graph_id: str
+    key: str
+    task: dict[str, Any]
+    time_limit_s: float
+
+
 class Service:
-    """Graphs, results and jobs over one store and one worker pool."""
+    """Graphs, results and jobs over one store and one worker pool.
+
+    ``settings`` is the one source of limits and behaviour: the routes read it through the
+    service, and so do recovery and the jobs (:func:`remat.api.settings.get_settings` returns
+    this same object).
+    """
 
     def __init__(self, settings: Settings, store: Store, pool: WorkerPool) -> None:
         self.settings = settings
@@ -117,11 +136,11 @@ class Service:
     # -- graphs --------------------------------------------------------------------------------
 
     async def put_graph(
-        self, owner: str, graph: Graph, settings: Settings, at: tuple[str, ...] = ("body",)
+        self, owner: str, graph: Graph, at: tuple[str, ...] = ("body",)
     ) -> tuple[str, dict[str, Any], bool]:
         """Store ``graph`` for ``owner``: (id, summary, created). ``at`` is the graph's path in
         the request, for error messages."""
-        self._check_graph(graph, settings, at)
+        self._check_graph(graph, at)
         text = await asyncio.to_thread(graph.canonical_json)
         gid = hashlib.sha256(text.encode()).hexdigest()
         old = await asyncio.to_thread(self.store.graph_summary, owner, gid)
@@ -141,7 +160,8 @@ class Service:
         summary: dict[str, Any] = json.loads(text)
         return summary
 
-    def _check_graph(self, graph: Graph, settings: Settings, at: tuple[str, ...]) -> None:
+    def _check_graph(self, graph: Graph, at: tuple[str, ...]) -> None:
+        settings = self.settings
         if graph.num_nodes > settings.max_nodes:
             raise ApiError(
                 422,
@@ -158,10 +178,10 @@ class Service:
         if errs:
             raise ApiError(422, [e.model_dump() for e in errs])
 
-    async def _graph_of(self, owner: str, ref: GraphRef, settings: Settings) -> tuple[str, str]:
+    async def _graph_of(self, owner: str, ref: GraphRef) -> tuple[str, str]:
         """(graph id, canonical JSON) of an inline or stored graph; inline ones are stored."""
         if ref.graph is not None:
-            gid, _, _ = await self.put_graph(owner, ref.graph, settings, ("body", "graph"))
+            gid, _, _ = await self.put_graph(owner, ref.graph, ("body", "graph"))
         else:
             assert ref.graph_id is not None
             gid = ref.graph_id
@@ -194,7 +214,8 @@ class Service:
                 )
         return chosen
 
-    def _time_limit(self, given: float | None, settings: Settings, default: float) -> float:
+    def _time_limit(self, given: float | None, default: float) -> float:
+        settings = self.settings
         t = default if given is None else given
         if t > settings.max_time_limit_s:
             raise field_error(
@@ -206,26 +227,26 @@ class Service:
         return t
 
     @staticmethod
-    def _key(kind: str, graph_id: str, params: dict[str, Any]) -> str:
-        text = json.dumps({"kind": kind, "graph": graph_id, **params}, sort_keys=True)
+    def _key(owner: str, kind: str, graph_id: str, params: dict[str, Any]) -> str:
+        # The owner is part of the key: one caller's results never answer another's request.
+        head = {"owner": owner, "kind": kind, "graph": graph_id}
+        text = json.dumps({**head, **params}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    async def prepare_solve(
-        self, owner: str, req: SolveRequest, settings: Settings
-    ) -> tuple[str, str, dict[str, Any], float]:
-        """Validate a solve request: (graph id, request key, task, time limit)."""
+    async def prepare_solve(self, owner: str, req: SolveRequest) -> Prepared:
+        """Validate a solve request."""
+        settings = self.settings
         budget = normalize_budget(req.budget, ["body", "budget"])
         name = self._solver(req.solver, req.options)
-        t = self._time_limit(req.time_limit_s, settings, settings.default_time_limit_s)
-        gid, text = await self._graph_of(owner, req, settings)
+        t = self._time_limit(req.time_limit_s, settings.default_time_limit_s)
+        gid, text = await self._graph_of(owner, req)
         params = {"budget": budget, "solver": name, "time_limit_s": t, "options": req.options}
         task = {"kind": "solve", **params, "budget": req.budget, "graph": text, "graph_id": gid}
-        return gid, self._key("solve", gid, params), task, t
+        return Prepared("solve", gid, self._key(owner, "solve", gid, params), task, t)
 
-    async def prepare_frontier(
-        self, owner: str, req: FrontierRequest, settings: Settings
-    ) -> tuple[str, str, dict[str, Any], float]:
-        """Validate a frontier request: (graph id, request key, task, total time limit)."""
+    async def prepare_frontier(self, owner: str, req: FrontierRequest) -> Prepared:
+        """Validate a frontier request (its time limit is the total over its budgets)."""
+        settings = self.settings
         specs = req.budgets if req.budgets is not None else list(DEFAULT_FRONTIER)
         if not specs:
             raise field_error(["body", "budgets"], "budgets: give at least one budget")
@@ -239,16 +260,34 @@ class Service:
         norm = [normalize_budget(s, ["body", "budgets", i]) for i, s in enumerate(specs)]
         name = self._solver(req.solver, req.options)
         per_point = min(settings.default_time_limit_s, settings.sync_time_limit_s / len(specs))
-        t = self._time_limit(req.time_limit_s, settings, per_point)
-        gid, text = await self._graph_of(owner, req, settings)
+        t = self._time_limit(req.time_limit_s, per_point)
+        gid, text = await self._graph_of(owner, req)
         params = {"budgets": norm, "solver": name, "time_limit_s": t, "options": req.options}
         task = {"kind": "frontier", **params, "budgets": specs, "graph": text, "graph_id": gid}
-        return gid, self._key("frontier", gid, params), task, t * len(specs)
+        key = self._key(owner, "frontier", gid, params)
+        return Prepared("frontier", gid, key, task, t * len(specs))
 
     # -- running -------------------------------------------------------------------------------
 
     async def cached(self, key: str) -> str | None:
         return await asyncio.to_thread(self.store.cached, key)
+
+    async def answer(self, owner: str, p: Prepared, *, as_job: bool) -> Response:
+        """The one way a prepared request is answered: from the store when the same request
+        was solved before (``cached: true``); as a job (202 with ``Location``) when ``as_job``
+        or when its time limit is above ``sync_time_limit_s``; otherwise solved now."""
+        if not as_job:
+            hit = await self.cached(p.key)
+            if hit is not None:
+                return wrap(p.graph_id, p.key, True, hit)
+        if as_job or p.time_limit_s > self.settings.sync_time_limit_s:
+            rec = await self.submit(owner, p)
+            return JSONResponse(
+                job_response(rec).model_dump(mode="json"),
+                status_code=202,
+                headers={"Location": f"/v1/jobs/{rec.id}"},
+            )
+        return wrap(p.graph_id, p.key, False, await self.run_now(p.task, p.key, p.time_limit_s))
 
     async def run_now(self, task: dict[str, Any], key: str, time_limit_s: float) -> str:
         """Run a task in the pool and wait: the result JSON (cached for next time)."""
@@ -265,33 +304,27 @@ class Service:
         if "crash" in out:
             raise ApiError(500, f"the solver failed: {out['crash']}")
         text: str = out["ok"]
-        await self._remember(key, text)
+        await self._remember(key, out)
         return text
 
-    async def _remember(self, key: str, text: str) -> None:
-        # A time-limited solve that ran out of time may do better on another try: not cached.
-        if '"status":"timeout"' not in text[:200]:
-            await asyncio.to_thread(self.store.put_cached, key, text)
+    async def _remember(self, key: str, out: dict[str, Any]) -> None:
+        # The worker decides from the result's status: a solve that ran out of time may do
+        # better on another try, so it is not cached.
+        if out.get("cacheable"):
+            await asyncio.to_thread(self.store.put_cached, key, out["ok"])
 
-    async def submit(
-        self,
-        owner: str,
-        kind: JobKind,
-        graph_id: str,
-        key: str,
-        task: dict[str, Any],
-        time_limit_s: float,
-    ) -> JobRecord:
+    async def submit(self, owner: str, p: Prepared) -> JobRecord:
         """Accept a job (written before it is answered); 429 when the queue is full."""
         now = time.time()
-        stored = {k: v for k, v in task.items() if k != "graph"}  # the store has the graph
-        stored["deadline_s"] = time_limit_s
+        key = p.key
+        stored = {k: v for k, v in p.task.items() if k != "graph"}  # the store has the graph
+        stored["deadline_s"] = p.time_limit_s
         rec = JobRecord(
             id=uuid.uuid4().hex,
             owner=owner,
-            kind=kind,
+            kind=p.kind,
             status="queued",
-            graph_id=graph_id,
+            graph_id=p.graph_id,
             request=json.dumps(stored),
             request_key=key,
             created_at=now,
@@ -394,7 +427,7 @@ class Service:
             await self._finish(job_id, status="failed", error=f"the solver failed: {out['crash']}")
         else:
             await self._finish(job_id, status="done", result=out["ok"])
-            await self._remember(rec.request_key, out["ok"])
+            await self._remember(rec.request_key, out)
 
     async def job(self, owner: str, job_id: str) -> JobRecord:
         rec = await asyncio.to_thread(self.store.job, job_id, owner)
@@ -423,6 +456,12 @@ class Service:
         else:
             self._cancelling.discard(job_id)
         return await self.job(owner, job_id)
+
+
+def wrap(graph_id: str, key: str, cached: bool, result_json: str) -> Response:
+    """The response body around a stored result, without parsing it again."""
+    head = f'{{"graph_id":"{graph_id}","request_key":"{key}","cached":{str(cached).lower()},'
+    return Response(head + f'"result":{result_json}}}', media_type="application/json")
 
 
 def job_response(rec: JobRecord, *, full: bool = True) -> JobResponse:

@@ -1,8 +1,8 @@
 """Service settings: one frozen object, built from keyword arguments or ``REMAT_*`` variables.
 
-Routes read it through the :func:`get_settings` dependency, so a test can override it with
-``app.dependency_overrides[get_settings]``; the store and the worker pool are built from the
-settings that :func:`remat.api.create_app` receives.
+One object is the one source: :func:`remat.api.create_app` builds the store, the worker pool
+and the :class:`~remat.api.service.Service` from it, and the routes read their limits from the
+service. :func:`get_settings` returns that same object (for code that has only the request).
 """
 
 from __future__ import annotations
@@ -99,6 +99,6 @@ class Settings(BaseModel):
 
 
 def get_settings(request: Request) -> Settings:
-    """The settings of the running app (a FastAPI dependency; tests may override it)."""
-    settings: Settings = request.app.state.settings
+    """The settings of the running app (the service's own)."""
+    settings: Settings = request.app.state.service.settings
     return settings

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from remat import solver as solvers
@@ -20,6 +21,14 @@ from remat.solver.base import SolveResult
 DEFAULT_FRONTIER = ["100%", "80%", "60%", "50%", "40%", "30%", "20%", "10%"]
 
 Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A task's result JSON, and whether the store may answer the same request with it."""
+
+    text: str
+    cacheable: bool
 
 
 class TaskError(Exception):
@@ -112,8 +121,8 @@ def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: flo
     )
 
 
-def run_solve(task: dict[str, Any], progress: Progress | None = None) -> str:
-    """Solve ``task`` (graph JSON, budget, solver, time limit, options); result JSON text."""
+def run_solve(task: dict[str, Any], progress: Progress | None = None) -> Answer:
+    """Solve ``task`` (graph JSON, budget, solver, time limit, options)."""
     started = time.perf_counter()
     graph = _graph(task)
     budget_bytes = _resolve(graph, task["budget"], ["body", "budget"])
@@ -122,11 +131,12 @@ def run_solve(task: dict[str, Any], progress: Progress | None = None) -> str:
             _incumbent(graph, budget_bytes, progress, started)
         else:
             progress({"stage": "solving", "elapsed_s": time.perf_counter() - started})
-    return _solve(graph, budget_bytes, task, progress).model_dump_json()
+    result = _solve(graph, budget_bytes, task, progress)
+    return Answer(result.model_dump_json(), cacheable=result.status != "timeout")
 
 
-def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> str:
-    """Solve ``task`` at each of its budgets; :class:`~remat.api.schemas.FrontierResult` JSON."""
+def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answer:
+    """Solve ``task`` at each of its budgets (a :class:`~remat.api.schemas.FrontierResult`)."""
     from remat.api.schemas import FrontierPoint, FrontierResult
 
     started = time.perf_counter()
@@ -161,25 +171,30 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> str:
                     "points_total": len(specs),
                 }
             )
-    return FrontierResult(
+    timed_out = any(p.status == "timeout" for p in points)
+    text = FrontierResult(
         solver=task["solver"],
         baseline_time_s=eager.total_time_s,
         eager_peak_bytes=eager.peak_bytes,
         static_bytes=graph.static_bytes,
         points=points,
     ).model_dump_json()
+    return Answer(text, cacheable=not timed_out)
 
 
-RUNNERS: dict[str, Callable[[dict[str, Any], Progress | None], str]] = {
+RUNNERS: dict[str, Callable[[dict[str, Any], Progress | None], Answer]] = {
     "solve": run_solve,
     "frontier": run_frontier,
 }
 
 
 def run_task(task: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
-    """Run one task; ``{"ok": json_text}`` or ``{"error": {...}}`` naming the field."""
+    """Run one task: ``{"ok": json_text, "cacheable": bool}`` or ``{"error": {...}}`` naming
+    the field. ``cacheable`` is False for an answer that another try may improve (a solver
+    that ran out of time)."""
     try:
-        return {"ok": RUNNERS[task["kind"]](task, progress)}
+        answer = RUNNERS[task["kind"]](task, progress)
+        return {"ok": answer.text, "cacheable": answer.cacheable}
     except TaskError as exc:
         return {"error": {"loc": exc.loc, "msg": exc.msg, "type": exc.type}}
     except (RematError, ValueError) as exc:

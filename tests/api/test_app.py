@@ -1,10 +1,12 @@
-"""The app in-process: settings as an overridable dependency, settings from the environment."""
+"""The app in-process: one source of settings, settings from the environment."""
 
 from __future__ import annotations
 
 import warnings
+from typing import Annotated
 
 import pytest
+from fastapi import Depends
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # starlette's note about httpx2
@@ -45,17 +47,27 @@ def test_bad_db_url_and_plugin_are_named() -> None:
         create_app(Settings(db_url="memory://", plugins=("no_such_module_xyz",)))
 
 
-def test_limits_come_from_the_settings_dependency() -> None:
-    app = create_app(Settings(db_url="memory://", workers=1))
-    app.dependency_overrides[get_settings] = lambda: Settings(db_url="memory://", max_nodes=5)
+def test_settings_have_one_source() -> None:
+    # The limits the routes apply, the service's own settings and get_settings are one object.
+    settings = Settings(db_url="memory://", workers=1, max_nodes=5)
+    app = create_app(settings)
     body = synthetic.chain(2).model_dump(mode="json")
     with TestClient(app) as c:
+        assert app.state.service.settings is settings
         r = c.post("/v1/graphs", json=body)
         assert r.status_code == 422 and "max_nodes=5" in r.text
-        app.dependency_overrides.clear()
-        r = c.post("/v1/graphs", json=body)
-        assert r.status_code == 201
         assert c.get("/openapi.json").json()["info"]["title"] == "remat"
+    seen: list[Settings] = []
+    app2 = create_app(Settings(db_url="memory://", workers=1))
+
+    @app2.get("/probe")
+    def probe(s: Annotated[Settings, Depends(get_settings)]) -> dict[str, int]:
+        seen.append(s)
+        return {}
+
+    with TestClient(app2) as c:
+        assert c.get("/probe").status_code == 200
+    assert seen == [app2.state.service.settings] and seen[0] is app2.state.service.settings
 
 
 def test_service_client_and_cli_import_without_torch() -> None:
@@ -76,3 +88,24 @@ def test_service_client_and_cli_import_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_caching_is_decided_from_the_result_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from remat import solve
+    from remat.api import tasks
+
+    graph = synthetic.chain(3)
+    good = solve(graph, "90%", solver="checkpoint-all")
+    task = {
+        "kind": "solve",
+        "graph": graph.to_json(),
+        "budget": "90%",
+        "solver": "checkpoint-all",
+        "time_limit_s": 5.0,
+        "options": {},
+    }
+    assert tasks.run_task(task)["cacheable"] is True
+    # A solver that ran out of time is not cached, whatever the JSON text looks like.
+    timed_out = good.model_copy(update={"status": "timeout", "message": "x" * 300})
+    monkeypatch.setattr(tasks, "_solve", lambda *a, **k: timed_out)
+    assert tasks.run_task(task)["cacheable"] is False

@@ -5,14 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
-from fastapi.responses import JSONResponse
 
 from remat.api.auth import Owner
 from remat.api.body import documented, parsed
-from remat.api.deps import ERRORS, ServiceDep, SettingsDep
-from remat.api.routes.solve import wrap
+from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import FrontierRequest, FrontierResponse, JobResponse
-from remat.api.service import job_response
 
 router = APIRouter(prefix="/v1", tags=["frontier"], responses=ERRORS)
 
@@ -30,20 +27,8 @@ async def frontier(
     req: Annotated[FrontierRequest, Depends(parsed(FrontierRequest))],
     owner: Owner,
     service: ServiceDep,
-    settings: SettingsDep,
 ) -> Response:
     """Solve at each budget (default: 100% down to 10% of the no-remat peak) and return the
     simulator's peak and time for each. ``time_limit_s`` is per budget; when the total exceeds
     ``sync_time_limit_s`` the answer is 202 with a job."""
-    gid, key, task, total = await service.prepare_frontier(owner, req, settings)
-    hit = await service.cached(key)
-    if hit is not None:
-        return wrap(gid, key, True, hit)
-    if total > settings.sync_time_limit_s:
-        rec = await service.submit(owner, "frontier", gid, key, task, total)
-        return JSONResponse(
-            job_response(rec).model_dump(mode="json"),
-            status_code=202,
-            headers={"Location": f"/v1/jobs/{rec.id}"},
-        )
-    return wrap(gid, key, False, await service.run_now(task, key, total))
+    return await service.answer(owner, await service.prepare_frontier(owner, req), as_job=False)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Response
 
 from remat.api.auth import Owner
 from remat.api.body import documented, parsed
-from remat.api.deps import ERRORS, ServiceDep, SettingsDep
+from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import GraphSummary
 from remat.ir import Graph
 
@@ -20,12 +20,11 @@ async def create_graph(
     graph: Annotated[Graph, Depends(parsed(Graph))],
     owner: Owner,
     service: ServiceDep,
-    settings: SettingsDep,
     response: Response,
 ) -> GraphSummary:
     """Store a graph under the sha256 of its canonical JSON; posting it again returns the same
     id (status 200 instead of 201)."""
-    gid, summary, created = await service.put_graph(owner, graph, settings)
+    gid, summary, created = await service.put_graph(owner, graph)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/graphs/{gid}"

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 
 from remat.api.auth import Owner
 from remat.api.body import documented, parsed
-from remat.api.deps import ERRORS, ServiceDep, SettingsDep
+from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import JobList, JobResponse, SolveRequest
 from remat.api.service import job_response
 
@@ -29,14 +29,9 @@ async def create_job(
     req: Annotated[SolveRequest, Depends(parsed(SolveRequest))],
     owner: Owner,
     service: ServiceDep,
-    settings: SettingsDep,
-    response: Response,
-) -> JobResponse:
+) -> Response:
     """Accept a solve as a job whatever its time limit; poll ``GET /v1/jobs/{id}``."""
-    gid, key, task, t = await service.prepare_solve(owner, req, settings)
-    rec = await service.submit(owner, "solve", gid, key, task, t)
-    response.headers["Location"] = f"/v1/jobs/{rec.id}"
-    return job_response(rec)
+    return await service.answer(owner, await service.prepare_solve(owner, req), as_job=True)
 
 
 @router.get("", response_model=JobList)
