@@ -17,11 +17,14 @@ from remat.ir import (
     InfeasibleBudgetError,
     InvalidPlanError,
     Plan,
+    PlanFigures,
+    Progress,
     RematError,
+    SolveResult,
     SolverUnavailableError,
     simulate,
 )
-from remat.solver import SolveResult, solve
+from remat.solver import solve
 
 __version__ = "0.1.0"
 
@@ -32,6 +35,8 @@ __all__ = [
     "InfeasibleBudgetError",
     "InvalidPlanError",
     "Plan",
+    "PlanFigures",
+    "Progress",
     "RematError",
     "SolveResult",
     "SolverUnavailableError",

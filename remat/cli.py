@@ -285,7 +285,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from remat.solver.base import SolveResult
+    from remat.ir import SolveResult
 
     graph = load_graph(args.graph)
     s = graph.summary()

@@ -25,8 +25,7 @@ from remat.api.schemas import (
     SolveResponse,
     SolverList,
 )
-from remat.ir import Graph, RematError
-from remat.solver.base import SolveResult
+from remat.ir import Graph, RematError, SolveResult
 
 GraphLike = Graph | Mapping[str, Any] | str
 """A :class:`~remat.ir.Graph`, its JSON as a dict, or the id of a graph already stored."""

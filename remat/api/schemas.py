@@ -20,8 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from remat.ir import Graph
-from remat.solver.base import SolveResult
+from remat.ir import Graph, PlanFigures, SolveResult
 
 BudgetSpec = Annotated[
     StrictInt | StrictFloat | StrictStr,
@@ -116,19 +115,42 @@ class FrontierRequest(GraphRef):
 
 
 class FrontierPoint(_Strict):
-    """One budget of a frontier: the simulator's figures of the plan found (no plan)."""
+    """One budget of a frontier: the simulator's figures of the plan found (not the plan)."""
 
     budget: int | float | str
     budget_bytes: int
     status: str
     solver: str
-    peak_bytes: int | None = None
-    total_time_s: float | None = None
+    figures: PlanFigures | None = None
     overhead: float | None = None
     lower_bound_s: float | None = None
     gap: float | None = None
     min_budget_bytes: int | None = None
     solve_time_s: float = 0.0
+
+    @classmethod
+    def of(cls, budget: int | float | str, result: SolveResult) -> FrontierPoint:
+        """The point of ``result``, solved for the budget spec ``budget``."""
+        return cls(
+            budget=budget,
+            budget_bytes=result.budget_bytes,
+            status=result.status,
+            solver=result.solver,
+            figures=result.figures,
+            overhead=result.overhead,
+            lower_bound_s=result.lower_bound_s,
+            gap=result.gap,
+            min_budget_bytes=result.min_budget_bytes,
+            solve_time_s=result.solve_time_s,
+        )
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.figures is None else self.figures.peak_bytes
+
+    @property
+    def total_time_s(self) -> float | None:
+        return None if self.figures is None else self.figures.total_time_s
 
 
 class FrontierResult(_Strict):

@@ -196,11 +196,7 @@ class Service:
     # -- requests ------------------------------------------------------------------------------
 
     def _solver(self, name: str | None, options: dict[str, Any]) -> str:
-        chosen = name or (
-            solvers.DEFAULT_SOLVER
-            if solvers.DEFAULT_SOLVER in solvers.available()
-            else "chen-greedy"
-        )
+        chosen = name or solvers.default_solver()
         try:
             si = solvers.info(chosen)
         except RematError as exc:

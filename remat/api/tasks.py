@@ -16,7 +16,7 @@ from typing import Any
 
 from remat import solver as solvers
 from remat.ir import Graph, RematError, eager_plan, resolve_budget, simulate
-from remat.solver.base import SolveResult
+from remat.ir.result import SolveResult, best_result
 
 DEFAULT_FRONTIER = ["100%", "80%", "60%", "50%", "40%", "30%", "20%", "10%"]
 
@@ -106,12 +106,8 @@ def _solve(
 def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: float) -> None:
     # A cheap first answer for a job, so that "best plan so far" is there while a slow exact
     # solver works: the better of no-remat and checkpoint-all.
-    cands = [solvers.get(n)(graph, budget_bytes) for n in ("none", "checkpoint-all")]
-    fitting = [r for r in cands if r.fits]
-    if fitting:
-        best = min(fitting, key=lambda r: r.total_time_s or 0.0)
-    else:
-        best = min(cands, key=lambda r: r.peak_bytes or 0)
+    best = best_result(solvers.get(n)(graph, budget_bytes) for n in ("none", "checkpoint-all"))
+    assert best is not None
     progress(
         {
             "stage": "solving",
@@ -146,22 +142,7 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answ
     eager = simulate(graph, eager_plan(graph))
     points: list[FrontierPoint] = []
     for i, (spec, b) in enumerate(zip(specs, budgets, strict=True)):
-        r = _solve(graph, b, task)
-        points.append(
-            FrontierPoint(
-                budget=spec,
-                budget_bytes=b,
-                status=r.status,
-                solver=r.solver,
-                peak_bytes=r.peak_bytes,
-                total_time_s=r.total_time_s,
-                overhead=r.overhead,
-                lower_bound_s=r.lower_bound_s,
-                gap=r.gap,
-                min_budget_bytes=r.min_budget_bytes,
-                solve_time_s=r.solve_time_s,
-            )
-        )
+        points.append(FrontierPoint.of(spec, _solve(graph, b, task)))
         if progress is not None:
             progress(
                 {

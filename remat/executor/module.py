@@ -44,8 +44,8 @@ from torch.utils.checkpoint import (
 )
 
 from remat.executor.hostmem import HostMemory
-from remat.executor.opexec import ExecutorError, _plan_of
-from remat.ir import Graph, Plan, simulate
+from remat.executor.opexec import ExecutorError, plan_to_run
+from remat.ir import Graph, Plan, SolveResult, simulate
 from remat.ir.cuts import block_key
 
 _OP_OOP = "use remat.compile_step(model, example_inputs, loss_fn, result) (the op-level executor)"
@@ -490,7 +490,7 @@ class _Applied:
 
 def apply(
     model: nn.Module,
-    result: Any,
+    result: SolveResult | Plan,
     graph: Graph | None = None,
     *,
     example_inputs: Any = None,
@@ -504,7 +504,7 @@ def apply(
     model
         The model the plan was solved for. Parameter names and the state dict are unchanged.
     result
-        A :class:`~remat.solver.SolveResult` (or a :class:`~remat.ir.Plan`).
+        A :class:`~remat.ir.SolveResult` (or a :class:`~remat.ir.Plan`).
     graph
         The graph the plan was solved on (``remat.trace(model, inputs, loss_fn)``). When None,
         ``example_inputs`` (and ``loss_fn``) are traced again to get it.
@@ -523,7 +523,7 @@ def apply(
         With ``strict``, when the plan cannot be expressed at module level (the message points
         to :func:`remat.compile_step`); when no graph is given or the plan is not of it.
     """
-    plan = _plan_of(result)
+    plan = plan_to_run(result)
     if graph is None:
         if example_inputs is None:
             raise ExecutorError(

@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from remat.executor.hostmem import HostMemory, wait
-from remat.ir import Graph, InvalidPlanError, Plan, RematError, simulate
+from remat.ir import Graph, InvalidPlanError, Plan, RematError, SolveResult, simulate
 from remat.ir.simulate import Simulation
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -52,15 +52,17 @@ class ExecutorError(RematError, ValueError):
     """A plan cannot be run on this model (the message says why and what to do)."""
 
 
-def _plan_of(result: Any) -> Plan:
-    plan = result if isinstance(result, Plan) else getattr(result, "plan", None)
-    if not isinstance(plan, Plan):
-        status = getattr(result, "status", None)
+def plan_to_run(result: SolveResult | Plan) -> Plan:
+    """The plan of a solve result (or the plan itself); ExecutorError when it has none."""
+    if isinstance(result, Plan):
+        return result
+    if not isinstance(result, SolveResult):
+        raise ExecutorError(f"no plan to run: expected a SolveResult or a Plan, got {result!r}")
+    if result.plan is None:
         raise ExecutorError(
-            "result has no plan to run"
-            + (f" (status {status!r}: {getattr(result, 'message', '')})" if status else "")
+            f"result has no plan to run (status {result.status!r}: {result.message})"
         )
-    return plan
+    return result.plan
 
 
 def _ident(vid: str) -> str:
@@ -426,12 +428,12 @@ def compile_step(
     model: nn.Module,
     example_inputs: Any,
     loss_fn: LossFn | None,
-    result: Any,
+    result: SolveResult | Plan,
     *,
     capture: Any = None,
     probe: Callable[[int], None] | None = None,
 ) -> CompiledStep:
-    """Compile the plan of ``result`` (a :class:`~remat.solver.SolveResult` or a
+    """Compile the plan of ``result`` (a :class:`~remat.ir.SolveResult` or a
     :class:`~remat.ir.Plan`) into a training step of ``model``.
 
     Parameters
@@ -458,7 +460,7 @@ def compile_step(
     ExecutorError
         When ``result`` has no plan, or the plan does not belong to this model's traced graph.
     """
-    plan = _plan_of(result)
+    plan = plan_to_run(result)
     if capture is None:
         from remat.tracer import capture as capture_fn
 

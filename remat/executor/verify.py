@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from remat.executor.measure import MemoryMeasurement, measure
-from remat.executor.opexec import ExecutorError, _plan_of, compile_step
-from remat.ir import Graph, eager_plan, simulate
+from remat.executor.opexec import ExecutorError, compile_step, plan_to_run
+from remat.ir import Graph, Plan, PlanFigures, SolveResult, eager_plan, simulate
 from remat.ir.budget import format_bytes
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -40,9 +40,9 @@ class VerifyReport:
     solver: str
     status: str
     budget_bytes: int | None
-    predicted_peak_bytes: int
-    predicted_static_bytes: int
-    predicted_dynamic_bytes: int
+    predicted: PlanFigures
+    """The simulator's figures for the plan on this device (on the CPU with a free host link:
+    offloads there are plain copies that finish at once)."""
     measured_peak_bytes: int
     measured_static_bytes: int
     measured_dynamic_bytes: int
@@ -59,6 +59,18 @@ class VerifyReport:
     """Median remat step time over median eager step time (None when not timed)."""
     remat_step_s: float | None
     eager_step_s: float | None
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return self.predicted.peak_bytes
+
+    @property
+    def predicted_static_bytes(self) -> int:
+        return self.predicted.static_bytes
+
+    @property
+    def predicted_dynamic_bytes(self) -> int:
+        return self.predicted.peak_dynamic_bytes
 
     @property
     def dynamic_error(self) -> float:
@@ -167,7 +179,7 @@ def verify(
     model: nn.Module,
     inputs: Any,
     loss_fn: LossFn | None,
-    result: Any,
+    result: SolveResult | Plan,
     *,
     executor: str = "op",
     capture: Any = None,
@@ -181,7 +193,7 @@ def verify(
     model, inputs, loss_fn
         The model and step the plan was solved for (as given to :func:`remat.trace`).
     result
-        A :class:`~remat.solver.SolveResult` (or a bare :class:`~remat.ir.Plan`).
+        A :class:`~remat.ir.SolveResult` (or a bare :class:`~remat.ir.Plan`).
     executor
         ``"op"`` (:func:`remat.compile_step`, runs the plan exactly) or ``"module"``
         (:func:`remat.apply`, ``torch.utils.checkpoint`` regions and saved-tensor hooks).
@@ -200,7 +212,7 @@ def verify(
     """
     if executor not in ("op", "module"):
         raise ValueError(f"executor must be 'op' or 'module', got {executor!r}")
-    plan = _plan_of(result)
+    plan = plan_to_run(result)
     if capture is None:
         from remat.tracer import capture as capture_fn
 
@@ -257,21 +269,19 @@ def verify(
     remat_s = eager_s = None
     if repeats > 0:
         eager_s, remat_s = _interleaved_step_s([(ref_step, ref), (run, run_model)], repeats, seed)
-    solver = getattr(result, "solver", "plan")
-    status = getattr(result, "status", "")
-    budget = getattr(result, "budget_bytes", None)
-    baseline = getattr(result, "baseline_time_s", None) or eager_sim.total_time_s
-    total = getattr(result, "total_time_s", None)
-    if total is None:
-        total = sim.total_time_s
+    if isinstance(result, Plan):
+        solver, status, budget = "plan", "", None
+        baseline, total = eager_sim.total_time_s, sim.total_time_s
+    else:
+        solver, status, budget = result.solver, result.status, result.budget_bytes
+        baseline = result.baseline_time_s or eager_sim.total_time_s
+        total = sim.total_time_s if result.total_time_s is None else result.total_time_s
     return VerifyReport(
         executor=executor,
-        solver=str(solver),
-        status=str(status),
+        solver=solver,
+        status=status,
         budget_bytes=budget,
-        predicted_peak_bytes=sim.peak_bytes,
-        predicted_static_bytes=sim.static_bytes,
-        predicted_dynamic_bytes=sim.peak_dynamic_bytes,
+        predicted=PlanFigures.of(sim),
         measured_peak_bytes=mem.peak_bytes,
         measured_static_bytes=mem.static_bytes,
         measured_dynamic_bytes=mem.peak_dynamic_bytes,

@@ -109,5 +109,9 @@ def resolve_budget(graph: Graph, spec: BudgetSpec) -> int:
     from remat.ir.plans import eager_plan
     from remat.ir.simulate import simulate
 
-    dyn = simulate(graph, eager_plan(graph)).peak_dynamic_bytes
-    return graph.static_bytes + int(budget * dyn)
+    return fraction_bytes(graph, budget, simulate(graph, eager_plan(graph)).peak_dynamic_bytes)
+
+
+def fraction_bytes(graph: Graph, fraction: float, eager_peak_dynamic_bytes: int) -> int:
+    """Total device bytes of a budget given as a fraction of the eager dynamic peak."""
+    return graph.static_bytes + int(fraction * eager_peak_dynamic_bytes)

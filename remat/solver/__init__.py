@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from remat.ir import Graph
-from remat.ir.budget import BudgetSpec, resolve_budget
+from remat.ir.budget import BudgetSpec
+from remat.ir.result import PlanFigures, Progress, SolveResult
 from remat.solver import (  # noqa: F401  (importing a solver module registers it)
     auto,
     baselines,
@@ -25,29 +26,32 @@ from remat.solver import (  # noqa: F401  (importing a solver module registers i
 )
 from remat.solver.base import (
     Solver,
-    SolveResult,
     SolverInfo,
     available,
+    default_solver,
     get,
     info,
     register,
     result_from_plan,
 )
+from remat.solver.problem import Problem, ProgressCallback
 
 __all__ = [
+    "PlanFigures",
+    "Problem",
+    "Progress",
     "SolveResult",
     "Solver",
     "SolverInfo",
     "available",
     "baselines",
+    "default_solver",
     "get",
     "info",
     "register",
     "result_from_plan",
     "solve",
 ]
-
-DEFAULT_SOLVER = "auto"
 
 
 def solve(
@@ -56,12 +60,17 @@ def solve(
     *,
     solver: str | None = None,
     time_limit_s: float | None = None,
+    progress: ProgressCallback | None = None,
     **options: Any,
 ) -> SolveResult:
     """Solve ``graph`` under ``budget`` (bytes, ``"12GiB"``, ``"70%"`` or a fraction of the
     eager dynamic peak; see :func:`remat.ir.resolve_budget`) with the named solver.
 
-    The default solver is ``auto`` when it is registered, else ``chen-greedy``.
+    The budget is parsed once and the :class:`Problem` built once, after the options were
+    checked. ``progress`` receives :class:`Progress` reports from solvers that make them. The
+    default solver is :func:`default_solver` (``auto`` when it is registered).
     """
-    name = solver or (DEFAULT_SOLVER if DEFAULT_SOLVER in available() else "chen-greedy")
-    return get(name)(graph, resolve_budget(graph, budget), time_limit_s=time_limit_s, **options)
+    si = info(solver or default_solver())
+    si.check_options(options)
+    problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
+    return si.fn(problem, **options)

@@ -24,25 +24,26 @@ See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumon
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
-from remat.ir import Graph
-from remat.solver.base import SolveResult, baseline_time_s, get, register, result_from_plan
+from remat.ir import Plan
+from remat.ir.result import SolveResult, best_result, speed_key
+from remat.solver.base import info, register
+from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 2000
 """Above this many nodes ``auto`` runs the LP rounding instead of the MILP."""
 
+DEFAULT_TIME_LIMIT_S = 60.0
+
 
 @register("auto", kind="meta", summary="Best of heuristics, chain DPs and the MILP within time")
-def solve_auto(
-    graph: Graph,
-    budget_bytes: int,
-    *,
-    time_limit_s: float | None = None,
-    offload: bool = False,
-) -> SolveResult:
-    """Run the solvers that suit the graph within ``time_limit_s`` (default 60 s) and return
+def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
+    """Run the solvers that suit the graph within the time limit (default 60 s) and return
     the best plan found with the best lower bound known (see the module docstring).
+
+    Each solver runs at most once, on the same problem (one eager simulation); ``milp`` starts
+    from the plans the others found (``start_plans``). The result's ``solver`` is ``"auto"``;
+    its message names the solver whose plan won and those tried.
 
     Parameters
     ----------
@@ -51,14 +52,14 @@ def solve_auto(
         link and need an executor that supports it.
     """
     t0 = time.perf_counter()
-    limit = 60.0 if time_limit_s is None else time_limit_s
-
-    def left() -> float:
-        return limit - (time.perf_counter() - t0)
-
-    base = baseline_time_s(graph)
-    eager = get("none")(graph, budget_bytes)
-    if eager.status != "infeasible":
+    if problem.time_limit_s is None:
+        problem = problem.with_time_limit(DEFAULT_TIME_LIMIT_S)
+    limit = problem.time_limit_s
+    assert limit is not None
+    graph = problem.graph
+    base = problem.baseline_time_s
+    eager = info("none").run(problem)
+    if eager.fits:
         return eager.model_copy(
             update={
                 "solver": "auto",
@@ -70,54 +71,71 @@ def solve_auto(
             }
         )
     results: list[SolveResult] = [eager]
+
+    def run(name: str, time_limit_s: float, **options: object) -> SolveResult:
+        r = info(name).run(problem.with_time_limit(time_limit_s), **options)
+        results.append(r)
+        return r
+
     quick = ["chen-greedy", "checkpoint-all", "rotor"] + (["pofo"] if offload else [])
     if graph.num_nodes <= MILP_MAX_NODES:
         quick.append("lp-round")  # fast, and its roundings reach outside the MILP's window
     for name in quick:
-        if left() <= 0 and len(results) > 1:
+        if problem.time_left_s() <= 0 and len(results) > 1:
             break
-        share = max(0.1, min(left(), 0.25 * limit))
-        results.append(_run(get(name), graph, budget_bytes, share))
-    exact = "milp" if graph.num_nodes <= MILP_MAX_NODES else "lp-round"
-    if left() > 0.2:
-        results.append(_run(get(exact), graph, budget_bytes, max(0.1, left())))
-    fitting = [r for r in results if r.status in ("optimal", "feasible") and r.plan is not None]
-    if not fitting:
+        share = max(0.1, min(problem.time_left_s(), 0.25 * limit))
+        if name == "pofo":
+            # pofo keeps rotor's plan when it is faster: hand it the one rotor made
+            run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
+        else:
+            run(name, share)
+    if graph.num_nodes <= MILP_MAX_NODES and problem.time_left_s() > 0.2:
+        run("milp", max(0.1, problem.time_left_s()), start_plans=_plans(results))
+    best = best_result(results)
+    assert best is not None
+    if not best.fits:
         # the smallest peak any method reached is the smallest budget known to work
-        with_peak = [r for r in results if r.plan is not None and r.peak_bytes is not None]
-        low = min(with_peak, key=lambda r: r.peak_bytes or 0)
-        return low.model_copy(
+        return best.model_copy(
             update={
                 "solver": "auto",
                 "status": "infeasible",
-                "min_budget_bytes": low.peak_bytes,
-                "message": f"no method fits the budget; smallest peak from {low.solver}",
+                "min_budget_bytes": best.peak_bytes,
+                "message": f"no method fits the budget; smallest peak from {best.solver}",
                 "solve_time_s": time.perf_counter() - t0,
             }
         )
-    best = min(fitting, key=lambda r: (r.total_time_s or 0.0, r.peak_bytes or 0))
-    assert best.plan is not None and best.total_time_s is not None
+    assert best.plan is not None and best.figures is not None
+    best_time = best.figures.total_time_s
     bounds = [base] + [
         r.lower_bound_s
         for r in results
-        if r.lower_bound_s is not None and r.lower_bound_s <= best.total_time_s * (1 + 1e-9)
+        if r.lower_bound_s is not None and r.lower_bound_s <= best_time * (1 + 1e-9)
     ]
     lb = max(bounds)
-    proven = best.total_time_s <= lb * (1 + 1e-9)
-    res = result_from_plan(
-        graph,
-        budget_bytes,
-        best.plan,
-        solver="auto",
-        started=t0,
-        status="optimal" if proven else "feasible",
-        lower_bound_s=lb,
-        message=f"best plan from {best.solver}; tried {', '.join(r.solver for r in results)}",
+    proven = best_time <= lb * (1 + 1e-9)
+    gap = max(0.0, best_time / lb - 1) if lb > 0 else None
+    tried = ", ".join(r.solver for r in results)
+    return best.model_copy(
+        update={
+            "solver": "auto",
+            "status": "optimal" if proven else "feasible",
+            "lower_bound_s": lb,
+            "gap": gap,
+            "message": f"best plan from {best.solver}; tried {tried}",
+            "solve_time_s": time.perf_counter() - t0,
+        }
     )
-    return res
 
 
-def _run(
-    fn: Callable[..., SolveResult], graph: Graph, budget_bytes: int, time_limit_s: float
-) -> SolveResult:
-    return fn(graph, budget_bytes, time_limit_s=time_limit_s)
+def _plans(
+    results: list[SolveResult], *, fitting_only: bool = True, only: str | None = None
+) -> list[Plan]:
+    """The plans of ``results``, fastest first (those within the budget only, by default)."""
+    chosen = [
+        r
+        for r in results
+        if r.plan is not None
+        and (r.fits or not fitting_only)
+        and (only is None or r.solver == only)
+    ]
+    return [r.plan for r in sorted(chosen, key=speed_key) if r.plan is not None]

@@ -19,9 +19,11 @@ from __future__ import annotations
 import math
 import time
 
-from remat.ir import Graph, Plan, block_cuts, eager_plan, keep_plan
+from remat.ir import Graph, Plan, block_cuts, keep_plan
 from remat.ir.cuts import Cut, articulation_cuts
-from remat.solver.base import SolveResult, best_of, register, result_from_plan
+from remat.ir.result import SolveResult
+from remat.solver.base import register
+from remat.solver.problem import Problem
 
 
 def _keep_from(cuts: list[Cut]) -> set[str]:
@@ -31,30 +33,24 @@ def _keep_from(cuts: list[Cut]) -> set[str]:
 @register(
     "none", kind="baseline", summary="No recomputation: eager PyTorch, values freed after last use"
 )
-def solve_none(
-    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
-) -> SolveResult:
+def solve_none(problem: Problem) -> SolveResult:
     """No recomputation: every node once in order, each value freed after its last use."""
     t0 = time.perf_counter()
-    return result_from_plan(graph, budget_bytes, eager_plan(graph), solver="none", started=t0)
+    return problem.result(problem.eager_plan, solver="none", started=t0)
 
 
 @register(
     "checkpoint-all", kind="baseline", summary="Keep block inputs only; recompute each block once"
 )
-def solve_checkpoint_all(
-    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
-) -> SolveResult:
+def solve_checkpoint_all(problem: Problem) -> SolveResult:
     """Keep each block's inputs only; recompute every block once during the backward pass."""
     t0 = time.perf_counter()
-    plan = keep_plan(graph, _keep_from(block_cuts(graph)))
-    return result_from_plan(graph, budget_bytes, plan, solver="checkpoint-all", started=t0)
+    plan = keep_plan(problem.graph, _keep_from(block_cuts(problem.graph)))
+    return problem.result(plan, solver="checkpoint-all", started=t0)
 
 
 @register("sqrt", kind="baseline", summary="Chen et al. 2016: a checkpoint every sqrt(n) blocks")
-def solve_sqrt(
-    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
-) -> SolveResult:
+def solve_sqrt(problem: Problem) -> SolveResult:
     """Chen et al. (2016) sqrt(n) checkpointing: segments of ceil(sqrt(n)) blocks.
 
     References
@@ -62,11 +58,11 @@ def solve_sqrt(
     T. Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174, 2016.
     """
     t0 = time.perf_counter()
-    cuts = block_cuts(graph)
+    cuts = block_cuts(problem.graph)
     k = max(1, math.ceil(math.sqrt(len(cuts) + 1)))
     chosen = [c for i, c in enumerate(cuts) if (i + 1) % k == 0]
-    plan = keep_plan(graph, _keep_from(chosen))
-    return result_from_plan(graph, budget_bytes, plan, solver="sqrt", started=t0)
+    plan = keep_plan(problem.graph, _keep_from(chosen))
+    return problem.result(plan, solver="sqrt", started=t0)
 
 
 def greedy_cuts(graph: Graph, threshold_bytes: int, candidates: list[Cut]) -> list[Cut]:
@@ -93,13 +89,7 @@ def greedy_cuts(graph: Graph, threshold_bytes: int, candidates: list[Cut]) -> li
 
 
 @register("chen-greedy", kind="baseline", summary="Chen et al. 2016: budget-driven greedy segments")
-def solve_chen_greedy(
-    graph: Graph,
-    budget_bytes: int,
-    *,
-    time_limit_s: float | None = None,
-    num_thresholds: int = 24,
-) -> SolveResult:
+def solve_chen_greedy(problem: Problem, *, num_thresholds: int = 24) -> SolveResult:
     """Chen et al. (2016) greedy checkpointing, with the threshold swept for the budget.
 
     For each threshold ``b`` in a geometric sweep between the smallest and the total saved
@@ -118,14 +108,15 @@ def solve_chen_greedy(
     if num_thresholds < 1:
         raise ValueError(f"num_thresholds must be >= 1, got {num_thresholds}")
     t0 = time.perf_counter()
+    graph = problem.graph
     by_pos = {c.position: c for c in (*block_cuts(graph), *articulation_cuts(graph))}
     candidates = [by_pos[p] for p in sorted(by_pos)]
     total = sum(v.size_bytes for v in graph.values if v.kind == "activation") or 1
     lo = max(1, min((c.size_bytes for c in candidates), default=1))
-    plans: list[Plan] = [eager_plan(graph)]  # an infinite threshold: no checkpoint at all
+    plans: list[Plan] = [problem.eager_plan]  # an infinite threshold: no checkpoint at all
     seen: set[tuple[int, ...]] = set()
     for k in range(num_thresholds):
-        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s and plans:
+        if problem.expired():
             break
         b = lo * (total / lo) ** (k / max(1, num_thresholds - 1))
         chosen = greedy_cuts(graph, int(b), candidates)
@@ -134,5 +125,4 @@ def solve_chen_greedy(
             continue
         seen.add(key)
         plans.append(keep_plan(graph, _keep_from(chosen)))
-    result = best_of(graph, budget_bytes, plans, solver="chen-greedy", started=t0)
-    return result.model_copy(update={"solve_time_s": time.perf_counter() - t0})
+    return problem.best_of(plans, solver="chen-greedy", started=t0)

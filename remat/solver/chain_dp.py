@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from remat.ir import Graph, Plan, eager_plan, simulate
+from remat.ir import Plan
 from remat.ir.chain import Chain, ChainOp
-from remat.solver.base import SolveResult, best_of, infeasible_result, result_from_plan
+from remat.ir.result import SolveResult, best_result
+from remat.solver.problem import Problem
 
 INF = math.inf
 
@@ -223,104 +224,63 @@ def rotor_table(
 # -- shared harness for the chain solvers ------------------------------------------------------
 
 
-def dynamic_room(graph: Graph, budget_bytes: int) -> int:
-    """Bytes a chain schedule may use beyond static bytes and the caller's inputs."""
-    return budget_bytes - graph.static_bytes - graph.input_bytes
-
-
-def eager_dynamic_peak(graph: Graph) -> int:
-    return simulate(graph, eager_plan(graph)).peak_dynamic_bytes
-
-
 def fit_chain_plan(
-    graph: Graph,
-    budget_bytes: int,
+    problem: Problem,
     plan_for: Callable[[int], Plan | None],
     top: int,
     *,
     solver: str,
     started: float,
-    time_limit_s: float | None,
     host_bandwidth_bytes_per_s: float | None = None,
     extra_plans: list[Plan] | None = None,
 ) -> SolveResult:
-    """Lower the chain budget ``m`` from ``top`` until the expanded plan fits ``budget_bytes``.
+    """Lower the chain budget ``m`` from ``top`` until the expanded plan fits the budget.
 
     ``plan_for(m)`` returns the plan the chain method makes for ``m`` units of memory (None when
     it has none). Returns the fastest fitting plan among those tried (and ``extra_plans``), or an
     ``infeasible`` result with the smallest peak found.
     """
+    budget_bytes = problem.budget_bytes
     tried: list[SolveResult] = []
     m = top
     last_m = None
-    while m >= 0:
-        if time_limit_s is not None and time.perf_counter() - started > time_limit_s and tried:
-            break
-        plan = plan_for(m)
-        if plan is None:
-            break
-        r = result_from_plan(
-            graph,
-            budget_bytes,
+
+    def judge(plan: Plan) -> SolveResult:
+        return problem.result(
             plan,
             solver=solver,
             started=started,
             host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
         )
+
+    while m >= 0:
+        if problem.expired() and tried:
+            break
+        plan = plan_for(m)
+        if plan is None:
+            break
+        r = judge(plan)
         tried.append(r)
-        if r.status != "infeasible":
+        if r.fits:
             break
         over = (r.peak_bytes or 0) - budget_bytes
-        step = max(1, int(m * over / max(1, budget_bytes - graph.static_bytes)) + 1)
+        step = max(1, int(m * over / max(1, problem.room_bytes)) + 1)
         last_m = m
         m = m - step
         if last_m == m:  # pragma: no cover - step >= 1
             break
-    for p in extra_plans or []:
-        tried.append(
-            result_from_plan(
-                graph,
-                budget_bytes,
-                p,
-                solver=solver,
-                started=started,
-                host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
-            )
-        )
+    tried.extend(judge(p) for p in extra_plans or [])
     # The eager plan, when it fits, beats every chain schedule (the chain model is cautious).
-    tried.append(
-        result_from_plan(
-            graph,
-            budget_bytes,
-            eager_plan(graph),
-            solver=solver,
-            started=started,
-            host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
-        )
-    )
-    fitting = [r for r in tried if r.status != "infeasible"]
-    if fitting:
-        best = min(fitting, key=lambda r: (r.total_time_s or 0.0, r.peak_bytes or 0))
-        return best.model_copy(update={"solve_time_s": time.perf_counter() - started})
-    if tried:
-        low = min(tried, key=lambda r: r.peak_bytes or 0)
-        return low.model_copy(update={"solve_time_s": time.perf_counter() - started})
-    return infeasible_result(
-        graph,
-        budget_bytes,
-        solver=solver,
-        started=started,
-        min_budget_bytes=None,
-        message="no chain schedule exists for this graph",
-    )
+    tried.append(judge(problem.eager_plan))
+    best = best_result(tried)
+    assert best is not None
+    return best.model_copy(update={"solve_time_s": time.perf_counter() - started})
 
 
-def trivial_result(
-    graph: Graph, budget_bytes: int, solver: str, started: float
-) -> SolveResult | None:
+def trivial_result(problem: Problem, solver: str, started: float) -> SolveResult | None:
     """Graphs without a forward pass to checkpoint: the eager plan is the only sensible one."""
-    if not graph.forward_nodes or not graph.backward_nodes:
-        return best_of(graph, budget_bytes, [eager_plan(graph)], solver=solver, started=started)
+    if not problem.graph.forward_nodes or not problem.graph.backward_nodes:
+        return problem.best_of([problem.eager_plan], solver=solver, started=started)
     return None
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from remat.ir import Graph, Plan, Step
 from remat.solver._mip import SparseModel
 from remat.solver.milp_index import MilpIndex
+from remat.solver.problem import room_bytes
 
 # A reference to a model quantity: (column, 0.0) for a variable, (-1, value) for a constant.
 Ref = tuple[int, float]
@@ -214,7 +215,7 @@ class CheckmateModel:
         _keep_rows(d, index)
         _residency_rows(d, index)
         _allocation_columns(d, index)
-        dyn_budget = (budget_bytes - graph.static_bytes - index.input_bytes) / byte_unit
+        dyn_budget = room_bytes(graph, budget_bytes) / byte_unit
         dyn_budget -= margin * abs(dyn_budget)
         _memory_rows(d, index, byte_unit, dyn_budget)
         _allocation_rows(d, index)

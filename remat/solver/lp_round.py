@@ -21,12 +21,14 @@ import time
 
 import numpy as np
 
-from remat.ir import Graph, Plan, Step
+from remat.ir import Plan, Step
 from remat.ir.chain import plan_from_steps
-from remat.solver.base import SolveResult, best_of, infeasible_result, register, result_from_plan
+from remat.ir.result import SolveResult, best_result
+from remat.solver.base import register
 from remat.solver.checkmate import CheckmateModel, is_var
 from remat.solver.milp import WindowSpec, fallback_plans, run_checkmate
 from remat.solver.milp_index import MilpIndex
+from remat.solver.problem import Problem
 
 
 def schedule_from_keep(ix: MilpIndex, keep: dict[tuple[int, str], bool]) -> Plan:
@@ -86,10 +88,8 @@ def _keep_sets(
 
 @register("lp-round", kind="dag", summary="Checkmate's two-phase LP relaxation with rounding")
 def solve_lp_round(
-    graph: Graph,
-    budget_bytes: int,
+    problem: Problem,
     *,
-    time_limit_s: float | None = None,
     samples: int = 8,
     seed: int = 0,
     window: WindowSpec = "auto",
@@ -119,20 +119,19 @@ def solve_lp_round(
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
     t0 = time.perf_counter()
-    limit = 60.0 if time_limit_s is None else time_limit_s
+    graph, budget_bytes = problem.graph, problem.budget_bytes
+    limit = 60.0 if problem.time_limit_s is None else problem.time_left_s()
     if graph.num_nodes == 0:
-        return result_from_plan(
-            graph, budget_bytes, Plan(), solver="lp-round", started=t0, lower_bound_s=0.0
-        )
+        return problem.result(Plan(), solver="lp-round", started=t0, lower_bound_s=0.0)
     thresholds = (0.5, 0.1, 0.25, 0.75, 0.9, 0.99)
-    candidates: list[Plan] = []
+    judged: list[SolveResult] = []
     bound: float | None = None
-    static = graph.static_bytes
     for shrink in (1.0, 0.9, 0.75, 0.6, 0.45):
         left = limit - (time.perf_counter() - t0)
-        if left <= 0.05 and candidates:
+        if left <= 0.05 and judged:
             break
-        b = static + int((budget_bytes - static) * shrink)
+        # Checkmate's budget search: less room for the LP when no rounding fits
+        b = budget_bytes - int(problem.room_bytes * (1 - shrink))
         run = run_checkmate(graph, b, time_limit_s=max(0.1, left), relax=True, window=window)
         sol = run.solution
         if sol is None or sol.values is None:
@@ -142,35 +141,33 @@ def solve_lp_round(
         for keep in _keep_sets(
             run.model, sol.values, thresholds=thresholds, samples=samples, seed=seed
         ):
-            candidates.append(schedule_from_keep(run.model.index, keep))
-        res = best_of(graph, budget_bytes, candidates, solver="lp-round", started=t0)
-        if res.status != "infeasible":
+            plan = schedule_from_keep(run.model.index, keep)
+            judged.append(problem.result(plan, solver="lp-round", started=t0))
+        if any(r.fits for r in judged):
             break
-    if not candidates:
-        res = best_of(graph, budget_bytes, fallback_plans(graph), solver="lp-round", started=t0)
-        if res.status == "infeasible":
-            return infeasible_result(
-                graph,
-                budget_bytes,
+    if not judged:
+        res = problem.best_of(fallback_plans(problem), solver="lp-round", started=t0)
+        if not res.fits:
+            return problem.no_plan(
                 solver="lp-round",
                 started=t0,
                 min_budget_bytes=res.min_budget_bytes,
                 message="the LP relaxation is infeasible for this budget",
             )
         return res
-    res = best_of(graph, budget_bytes, candidates, solver="lp-round", started=t0)
-    if res.status == "infeasible" or res.plan is None:
+    best = best_result(judged)
+    assert best is not None
+    res = best.model_copy(update={"solve_time_s": time.perf_counter() - t0})
+    if not res.fits or res.plan is None:
         return res
     if bound is not None and bound > (res.total_time_s or 0.0) * (1 + 1e-9):
         # The LP bounds the model's class; a rounding that recomputes deeper than the model's
         # window can lie outside it and beat it: then it proves nothing here.
         bound = None
-    return result_from_plan(
-        graph,
-        budget_bytes,
+    return problem.result(
         res.plan,
         solver="lp-round",
         started=t0,
         lower_bound_s=bound,
-        message=f"best of {len(candidates)} roundings",
+        message=f"best of {len(judged)} roundings",
     )

@@ -39,9 +39,10 @@ the whole class (the optimum and the bound are then those of the restricted clas
   module path) whose values node ``t`` reads, or of the ``window`` blocks before them; the
   window widens (0, 2, 8, all) when the MILP proves it infeasible.
 
-HiGHS starts from the best heuristic plan (Chen's greedy, rotor, fallbacks) that lies in the
-model's class, and a faster heuristic plan outside the class is returned when it beats the
-MILP's incumbent.
+HiGHS starts from the first given start plan (``auto`` passes the plans its other solvers
+found) or fallback plan (eager, keep nothing, keep the blocks' inputs) that lies in the model's
+class; a faster fallback plan outside the class is returned when it beats the MILP's
+incumbent. milp runs no other solver.
 
 References
 ----------
@@ -52,27 +53,25 @@ P. Jain, A. Jain, A. Nrusimha, A. Gholami, P. Abbeel, K. Keutzer, I. Stoica, J. 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from remat.ir import Graph, InvalidPlanError, Plan, eager_plan, keep_plan
+from remat.ir import Graph, InvalidPlanError, Plan, keep_plan
+from remat.ir.result import SolveResult
 from remat.solver._mip import Backend, MipSolution
-from remat.solver.base import (
-    SolveResult,
-    best_of,
-    infeasible_result,
-    register,
-    result_from_plan,
-)
+from remat.solver.base import register
 from remat.solver.checkmate import SMALL_GRAPH_NODES, CheckmateModel
 from remat.solver.milp_index import MilpIndex
+from remat.solver.problem import Problem
 
 
-def fallback_plans(graph: Graph) -> list[Plan]:
+def fallback_plans(problem: Problem) -> list[Plan]:
     """Cheap plans to fall back on (eager, keep nothing, keep block/articulation cuts)."""
     from remat.ir import block_cuts
 
-    plans = [eager_plan(graph)]
+    graph = problem.graph
+    plans = [problem.eager_plan]
     for keep in (set(), {v for c in block_cuts(graph) for v in c.values}):
         try:
             plans.append(keep_plan(graph, keep))
@@ -82,22 +81,6 @@ def fallback_plans(graph: Graph) -> list[Plan]:
 
 
 DEFAULT_TIME_LIMIT_S = 60.0
-
-
-def heuristic_plans(graph: Graph, budget_bytes: int) -> list[Plan]:
-    """Fast plans within the budget, fastest first, to start the MILP from (Chen's greedy,
-    rotor and the fallbacks)."""
-    from remat.solver.baselines import solve_chen_greedy
-    from remat.solver.rotor import solve_rotor
-
-    results = [
-        solve_chen_greedy(graph, budget_bytes),
-        solve_rotor(graph, budget_bytes),
-        best_of(graph, budget_bytes, fallback_plans(graph), solver="milp", started=0.0),
-    ]
-    fitting = [r for r in results if r.status != "infeasible" and r.plan is not None]
-    fitting.sort(key=lambda r: r.total_time_s or 0.0)
-    return [r.plan for r in fitting if r.plan is not None]
 
 
 @dataclass
@@ -195,25 +178,24 @@ def run_checkmate(
 
 @register("milp", kind="dag", exact=True, summary="Checkmate's exact MILP (Jain et al. 2020)")
 def solve_milp(
-    graph: Graph,
-    budget_bytes: int,
+    problem: Problem,
     *,
-    time_limit_s: float | None = None,
-    solver: str = "highs",
+    backend: Backend = "highs",
     recompute_backward: bool | None = None,
     recompute_in_forward: bool | None = None,
     window: WindowSpec = "auto",
     threads: int | None = None,
+    start_plans: Sequence[Plan] | None = None,
 ) -> SolveResult:
     """Checkmate's MILP over the op graph, solved with HiGHS (default) or CBC.
 
+    The problem's time limit (default 60 s) bounds the MILP solver. When it stops early the
+    result is ``feasible`` with the best plan found (or the best fallback plan) and the
+    solver's proven lower bound in ``lower_bound_s``.
+
     Parameters
     ----------
-    time_limit_s
-        Wall-clock limit for the MILP solver (default 60 s). When it stops early the result is
-        ``feasible`` with the best plan found (or the best fallback plan) and the solver's proven
-        lower bound in ``lower_bound_s``.
-    solver
+    backend
         ``"highs"`` (HiGHS through highspy) or ``"cbc"`` (CBC through pulp).
     recompute_backward
         Whether backward nodes may run again (default: only for graphs up to 12 nodes).
@@ -227,10 +209,16 @@ def solve_milp(
         MILP proves a window infeasible (graphs up to 12 nodes: all).
     threads
         Threads for the MILP solver.
+    start_plans
+        Plans to start the MIP from, fastest first (``auto`` hands over those its other
+        solvers found; a Python keyword, not a service option). The first one in the
+        model's class seeds HiGHS; a start plan is returned only as the MILP's incumbent.
 
     Notes
     -----
-    ``status="optimal"`` only when the MILP solver proved optimality; the optimum is over
+    The plan returned is the MILP's incumbent or one of milp's own fallback plans (eager,
+    keep nothing, keep the blocks' inputs), never another solver's plan; the message says
+    which. ``status="optimal"`` only when the MILP solver proved optimality; the optimum is over
     schedules that first compute nodes in graph order, as every remat schedule does, and only
     when none of the optional restrictions above is on; ``lower_bound_s`` (the MILP's dual
     bound) likewise only then. With restrictions on (graphs over 12 nodes by default) the
@@ -243,25 +231,27 @@ def solve_milp(
     Rematerialization", MLSys 2020.
     """
     t0 = time.perf_counter()
-    if solver not in ("highs", "cbc"):
-        raise ValueError(f"solver: unknown MILP solver {solver!r} (use 'highs' or 'cbc')")
-    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    if backend not in ("highs", "cbc"):
+        raise ValueError(f"backend: unknown MILP back end {backend!r} (use 'highs' or 'cbc')")
+    graph, budget_bytes = problem.graph, problem.budget_bytes
+    limit = DEFAULT_TIME_LIMIT_S if problem.time_limit_s is None else problem.time_left_s()
     if graph.num_nodes == 0:
-        return result_from_plan(
-            graph,
-            budget_bytes,
+        return problem.result(
             Plan(),
             solver="milp",
             started=t0,
             status="optimal",
             lower_bound_s=0.0,
         )
-    hints = heuristic_plans(graph, budget_bytes) if graph.num_nodes > SMALL_GRAPH_NODES else []
+    fb = problem.best_of(fallback_plans(problem), solver="milp", started=t0)
+    hints: list[Plan] = []
+    if graph.num_nodes > SMALL_GRAPH_NODES:
+        hints = list(start_plans or []) + ([fb.plan] if fb.fits and fb.plan is not None else [])
     run = run_checkmate(
         graph,
         budget_bytes,
         time_limit_s=max(0.1, limit - (time.perf_counter() - t0)),
-        backend=solver,  # type: ignore[arg-type]
+        backend=backend,
         recompute_backward=recompute_backward,
         recompute_in_forward=recompute_in_forward,
         window=window,
@@ -270,10 +260,14 @@ def solve_milp(
     )
     sol = run.solution
     if sol is None or sol.status == "infeasible":
-        fb = best_of(graph, budget_bytes, hints + fallback_plans(graph), solver="milp", started=t0)
-        if fb.status != "infeasible":
+        if fb.fits:
             # The model's class is narrower than a fallback's (restrictions on): use it.
-            return fb.model_copy(update={"message": "the MILP found no schedule; fallback plan"})
+            return fb.model_copy(
+                update={
+                    "message": "the MILP found no schedule; fallback plan",
+                    "solve_time_s": time.perf_counter() - t0,
+                }
+            )
         w = run.model.window
         why = (
             "the budget is below what the largest node needs"
@@ -283,17 +277,14 @@ def solve_milp(
             else f"the MILP proved that no schedule recomputing within {w} block(s) fits the "
             "budget (wider windows were not tried)"
         )
-        return infeasible_result(
-            graph,
-            budget_bytes,
+        return problem.no_plan(
             solver="milp",
             started=t0,
             min_budget_bytes=max(run.model.lower_bound_peak(), fb.min_budget_bytes or 0),
             message=f"{why} ({budget_bytes} bytes)",
         )
     info = f"{run.model.model.num_integer} binaries, {run.model.model.num_rows} rows"
-    fb = best_of(graph, budget_bytes, hints + fallback_plans(graph), solver="milp", started=t0)
-    fb_time = fb.total_time_s if fb.status != "infeasible" and fb.plan is not None else None
+    fb_time = fb.total_time_s if fb.fits else None
     exact = run.model.exact
     if not exact:
         # Restrictions are on: the solver's optimum and bound hold for the restricted class
@@ -302,9 +293,7 @@ def solve_milp(
         cls_bound = "-" if run.bound_s is None else f"{run.bound_s:.6g} s"
         info += f"; {how} within the restricted class (class bound {cls_bound}), not overall"
     if run.plan is not None:
-        res = result_from_plan(
-            graph,
-            budget_bytes,
+        res = problem.result(
             run.plan,
             solver="milp",
             started=t0,
@@ -314,11 +303,9 @@ def solve_milp(
         )
         if fb_time is None or (res.total_time_s or 0.0) <= fb_time:
             return res
-    # No incumbent in time, or a heuristic plan (outside the model's class) is faster.
-    if fb.status == "infeasible" or fb.plan is None or fb_time is None:
-        return infeasible_result(
-            graph,
-            budget_bytes,
+    # No incumbent in time, or a fallback plan (outside the model's class) is faster.
+    if not fb.fits or fb.plan is None or fb_time is None:
+        return problem.no_plan(
             solver="milp",
             started=t0,
             min_budget_bytes=fb.min_budget_bytes,
@@ -328,13 +315,11 @@ def solve_milp(
     bound = run.bound_s if exact else None
     if bound is not None and bound > fb_time * (1 + 1e-9):
         bound = None  # the bound holds for the model's class only; this plan lies outside it
-    return result_from_plan(
-        graph,
-        budget_bytes,
+    return problem.result(
         fb.plan,
         solver="milp",
         started=t0,
         status="feasible",
         lower_bound_s=bound,
-        message=f"a heuristic plan beats the MILP's incumbent ({info})",
+        message=f"a fallback plan beats the MILP's incumbent ({info})",
     )

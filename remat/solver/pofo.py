@@ -22,21 +22,22 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
-from remat.ir import Graph, Plan
+from remat.ir import Plan
 from remat.ir.chain import ChainOp, CutKind, chain_view, expand
-from remat.solver.base import SolveResult, infeasible_result, register
+from remat.ir.result import SolveResult
+from remat.solver.base import register
 from remat.solver.chain_dp import (
     ChainArrays,
-    dynamic_room,
-    eager_dynamic_peak,
     fit_chain_plan,
     min_chain_slots,
     rotor_table,
     trivial_result,
 )
+from remat.solver.problem import Problem
 from remat.solver.rotor import solve_rotor
 
 
@@ -61,14 +62,13 @@ def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
 
 @register("pofo", kind="chain", summary="Rotor plus offloading of activations (POFO)")
 def solve_pofo(
-    graph: Graph,
-    budget_bytes: int,
+    problem: Problem,
     *,
-    time_limit_s: float | None = None,
     mem_slots: int = 500,
     cuts: CutKind = "auto",
     max_stages: int | None = None,
     host_bandwidth_bytes_per_s: float | None = None,
+    start_plans: Sequence[Plan] | None = None,
 ) -> SolveResult:
     """Checkpointing plus offloading on the graph's chain view (see the module docstring).
 
@@ -79,6 +79,9 @@ def solve_pofo(
     host_bandwidth_bytes_per_s
         Bandwidth of the host link for planning and simulation (default: the graph's device
         profile; ``math.inf`` makes transfers free).
+    start_plans
+        Plans without transfers to keep when they are faster (``auto`` hands over rotor's);
+        by default rotor runs here for one. A Python keyword, not a service option.
 
     References
     ----------
@@ -87,6 +90,7 @@ def solve_pofo(
     """
     if mem_slots < 1:
         raise ValueError(f"mem_slots must be >= 1, got {mem_slots}")
+    graph = problem.graph
     bw = (
         graph.host_bandwidth_bytes_per_s
         if host_bandwidth_bytes_per_s is None
@@ -95,20 +99,15 @@ def solve_pofo(
     if not bw > 0:
         raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
     t0 = time.perf_counter()
-    triv = trivial_result(graph, budget_bytes, "pofo", t0)
+    triv = trivial_result(problem, "pofo", t0)
     if triv is not None:
         return triv
-    rotor = solve_rotor(
-        graph,
-        budget_bytes,
-        time_limit_s=time_limit_s,
-        mem_slots=mem_slots,
-        cuts=cuts,
-        max_stages=max_stages,
-    )
+    if start_plans is None:
+        rotor = solve_rotor(problem, mem_slots=mem_slots, cuts=cuts, max_stages=max_stages)
+        start_plans = [rotor.plan] if rotor.plan is not None else []
     ch = chain_view(graph, cuts=cuts, max_stages=max_stages)
-    room = dynamic_room(graph, budget_bytes)
-    slot = max(room, eager_dynamic_peak(graph), 1) / mem_slots
+    room = problem.room_bytes
+    slot = max(room, problem.eager.peak_dynamic_bytes, 1) / mem_slots
     transfer = np.array([s.all_bytes / bw for s in ch.stages], dtype=np.float64)
     table = rotor_table(ChainArrays.of(ch, slot), mem_slots, transfer_s=transfer)
     root = table.cost[0, ch.num_stages]
@@ -122,26 +121,22 @@ def solve_pofo(
     if top >= 0 and not math.isfinite(root[top]):
         low = min_chain_slots(root)
         top = -1 if low is None else low
-    extra = [rotor.plan] if rotor.plan is not None else []
+    extra = list(start_plans)
     if top < 0:
         if extra:
-            return rotor.model_copy(update={"solver": "pofo"})
-        return infeasible_result(
-            graph,
-            budget_bytes,
+            return problem.best_of(extra, solver="pofo", started=t0, host_bandwidth_bytes_per_s=bw)
+        return problem.no_plan(
             solver="pofo",
             started=t0,
             min_budget_bytes=None,
             message="the chain has no schedule at any memory",
         )
     return fit_chain_plan(
-        graph,
-        budget_bytes,
+        problem,
         plan_for,
         top,
         solver="pofo",
         started=t0,
-        time_limit_s=time_limit_s,
         host_bandwidth_bytes_per_s=bw,
         extra_plans=extra,
     )

@@ -15,26 +15,16 @@ import time
 
 import numpy as np
 
-from remat.ir import Graph, Plan
+from remat.ir import Plan
 from remat.ir.chain import CutKind, chain_view, expand
-from remat.solver.base import SolveResult, register
-from remat.solver.chain_dp import (
-    dynamic_room,
-    fit_chain_plan,
-    revolve_schedule,
-    revolve_table,
-    trivial_result,
-)
+from remat.ir.result import SolveResult
+from remat.solver.base import register
+from remat.solver.chain_dp import fit_chain_plan, revolve_schedule, revolve_table, trivial_result
+from remat.solver.problem import Problem
 
 
 @register("revolve", kind="chain", summary="Binomial checkpointing on homogeneous chains (revolve)")
-def solve_revolve(
-    graph: Graph,
-    budget_bytes: int,
-    *,
-    time_limit_s: float | None = None,
-    cuts: CutKind = "blocks",
-) -> SolveResult:
+def solve_revolve(problem: Problem, *, cuts: CutKind = "blocks") -> SolveResult:
     """Griewank's binomial checkpointing on the graph's chain of blocks.
 
     The chain is treated as homogeneous (mean stage times and sizes), as revolve assumes; the
@@ -46,10 +36,10 @@ def solve_revolve(
     A. Griewank, A. Walther, "Algorithm 799: revolve", ACM TOMS 26(1), 2000.
     """
     t0 = time.perf_counter()
-    triv = trivial_result(graph, budget_bytes, "revolve", t0)
+    triv = trivial_result(problem, "revolve", t0)
     if triv is not None:
         return triv
-    ch = chain_view(graph, cuts=cuts)
+    ch = chain_view(problem.graph, cuts=cuts)
     L = ch.num_stages
     f = float(np.mean([s.forward_time_s for s in ch.stages]))
     b = float(np.mean([s.backward_time_s for s in ch.stages]))
@@ -57,8 +47,7 @@ def solve_revolve(
     per_stage = max(
         (s.all_bytes + 2 * s.input_bytes + s.backward_temp_bytes for s in ch.stages), default=0
     )
-    room = dynamic_room(graph, budget_bytes)
-    top = max(0, min(L, (room - per_stage) // ckpt))
+    top = max(0, min(L, (problem.room_bytes - per_stage) // ckpt))
     cost = revolve_table(L, L, f, b)
 
     def plan_for(c: int) -> Plan | None:
@@ -66,12 +55,4 @@ def solve_revolve(
             return None
         return expand(ch, revolve_schedule(L, c, cost, f))
 
-    return fit_chain_plan(
-        graph,
-        budget_bytes,
-        plan_for,
-        int(top),
-        solver="revolve",
-        started=t0,
-        time_limit_s=time_limit_s,
-    )
+    return fit_chain_plan(problem, plan_for, int(top), solver="revolve", started=t0)

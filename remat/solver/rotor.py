@@ -19,26 +19,24 @@ from __future__ import annotations
 import math
 import time
 
-from remat.ir import Graph, InvalidPlanError, Plan
+from remat.ir import InvalidPlanError, Plan
 from remat.ir.chain import Chain, CutKind, chain_view, expand
-from remat.solver.base import SolveResult, infeasible_result, register, result_from_plan
+from remat.ir.result import SolveResult, best_result
+from remat.solver.base import register
 from remat.solver.chain_dp import (
     ChainArrays,
-    dynamic_room,
-    eager_dynamic_peak,
     fit_chain_plan,
     min_chain_slots,
     rotor_table,
     trivial_result,
 )
+from remat.solver.problem import Problem
 
 
 @register("rotor", kind="chain", summary="Optimal checkpointing DP on heterogeneous chains (rotor)")
 def solve_rotor(
-    graph: Graph,
-    budget_bytes: int,
+    problem: Problem,
     *,
-    time_limit_s: float | None = None,
     mem_slots: int = 500,
     cuts: CutKind = "auto",
     max_stages: int | None = None,
@@ -66,9 +64,10 @@ def solve_rotor(
     if mem_slots < 1:
         raise ValueError(f"mem_slots must be >= 1, got {mem_slots}")
     t0 = time.perf_counter()
-    triv = trivial_result(graph, budget_bytes, "rotor", t0)
+    triv = trivial_result(problem, "rotor", t0)
     if triv is not None:
         return triv
+    graph = problem.graph
     views = [chain_view(graph, cuts=cuts, max_stages=max_stages)]
     if cuts == "auto":
         # both views: the DP's cautious memory model can favour either on a given graph
@@ -76,23 +75,14 @@ def solve_rotor(
         alt = chain_view(graph, cuts=other, max_stages=max_stages)
         if alt.num_stages > 1:
             views.append(alt)
-    results = [_rotor_on(graph, budget_bytes, ch, mem_slots, t0, time_limit_s) for ch in views]
-    fitting = [r for r in results if r.status in ("optimal", "feasible")]
-    if fitting:
-        return min(fitting, key=lambda r: (r.total_time_s or 0.0, r.peak_bytes or 0))
-    return min(results, key=lambda r: (r.peak_bytes is None, r.peak_bytes or 0))
+    best = best_result(_rotor_on(problem, ch, mem_slots, t0) for ch in views)
+    assert best is not None
+    return best
 
 
-def _rotor_on(
-    graph: Graph,
-    budget_bytes: int,
-    ch: Chain,
-    mem_slots: int,
-    t0: float,
-    time_limit_s: float | None,
-) -> SolveResult:
-    room = dynamic_room(graph, budget_bytes)
-    scale = max(room, eager_dynamic_peak(graph), 1)
+def _rotor_on(problem: Problem, ch: Chain, mem_slots: int, t0: float) -> SolveResult:
+    room = problem.room_bytes
+    scale = max(room, problem.eager.peak_dynamic_bytes, 1)
     slot = scale / mem_slots
     table = rotor_table(ChainArrays.of(ch, slot), mem_slots)
     L = ch.num_stages
@@ -107,9 +97,7 @@ def _rotor_on(
     if top < 0 or not math.isfinite(root[max(top, 0)]):
         low = min_chain_slots(root)
         if low is None:
-            return infeasible_result(
-                graph,
-                budget_bytes,
+            return problem.no_plan(
                 solver="rotor",
                 started=t0,
                 min_budget_bytes=None,
@@ -117,24 +105,14 @@ def _rotor_on(
             )
         plan = plan_for(low)
         assert plan is not None
-        r = result_from_plan(graph, budget_bytes, plan, solver="rotor", started=t0)
-        if r.status != "infeasible":  # the chain model was pessimistic: it fits after all
+        r = problem.result(plan, solver="rotor", started=t0)
+        if r.fits:  # the chain model was pessimistic: it fits after all
             return r
         return r.model_copy(update={"message": "budget below the chain's smallest schedule"})
     try:
-        return fit_chain_plan(
-            graph,
-            budget_bytes,
-            plan_for,
-            top,
-            solver="rotor",
-            started=t0,
-            time_limit_s=time_limit_s,
-        )
+        return fit_chain_plan(problem, plan_for, top, solver="rotor", started=t0)
     except InvalidPlanError as exc:  # pragma: no cover - expand builds valid plans
-        return infeasible_result(
-            graph,
-            budget_bytes,
+        return problem.no_plan(
             solver="rotor",
             started=t0,
             min_budget_bytes=None,

@@ -12,23 +12,23 @@ import os
 import time
 from collections.abc import Callable
 
-from remat.ir import Graph, block_cuts, keep_plan
-from remat.solver.base import SolveResult, register, result_from_plan
+from remat.ir import SolveResult, block_cuts, keep_plan
+from remat.solver import Problem
+from remat.solver.base import register
 
 
 @register("test-sleep", kind="dag", summary="Test only: sleep, then keep block inputs")
 def solve_sleep(
-    graph: Graph,
-    budget_bytes: int,
+    problem: Problem,
     *,
-    time_limit_s: float | None = None,
     sleep_s: float = 1.0,
     progress: Callable[[SolveResult], None] | None = None,
 ) -> SolveResult:
     """Reports its answer as an incumbent (with a made-up bound of 90% of its time) first."""
     t0 = time.perf_counter()
+    graph, time_limit_s = problem.graph, problem.time_limit_s
     plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
-    result = result_from_plan(graph, budget_bytes, plan, solver="test-sleep", started=t0)
+    result = problem.result(plan, solver="test-sleep", started=t0)
     if progress is not None and result.total_time_s is not None:
         bound = 0.9 * result.total_time_s
         progress(result.model_copy(update={"lower_bound_s": bound, "gap": 1 / 0.9 - 1}))
@@ -39,7 +39,5 @@ def solve_sleep(
 
 
 @register("test-crash", kind="baseline", summary="Test only: the worker process dies")
-def solve_crash(
-    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None
-) -> SolveResult:
+def solve_crash(problem: Problem) -> SolveResult:
     os._exit(13)

@@ -88,7 +88,7 @@ def test_cbc_backend_agrees_with_highs() -> None:
     g = chain_step()
     b = simulate(g, eager_plan(g)).peak_bytes - 10
     a = milp(g, b, time_limit_s=20)
-    c = milp(g, b, time_limit_s=20, solver="cbc")
+    c = milp(g, b, time_limit_s=20, backend="cbc")
     assert a.status == c.status == "optimal"
     assert a.total_time_s == pytest.approx(c.total_time_s)
 

@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1", tags=["solvers"], responses=ERRORS)
 async def list_solvers(owner: Owner) -> SolverList:
     """Registered solvers with what they model and the options they accept."""
     names = solvers.available()
-    default = solvers.DEFAULT_SOLVER if solvers.DEFAULT_SOLVER in names else "chen-greedy"
+    default = solvers.default_solver()
     out = []
     for name in names:
         si = solvers.info(name)

@@ -1,0 +1,180 @@
+"""What a solve returns: the plan, the simulator's figures for it, and how they were found.
+
+These types live in the core (not in :mod:`remat.solver`) so that every part of remat can read
+a result: the executor runs its plan, the service stores it, the CLI prints it, without
+importing the solvers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from remat.ir.plan import Plan
+from remat.ir.simulate import Simulation
+
+Status = Literal["optimal", "feasible", "infeasible", "timeout"]
+
+
+class PlanFigures(BaseModel):
+    """The simulator's figures for one plan: bytes (static + dynamic) and seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peak_bytes: int
+    static_bytes: int
+    peak_dynamic_bytes: int
+    total_time_s: float
+    compute_time_s: float
+    recompute_time_s: float
+    recompute_flops: int
+    stall_time_s: float
+    transfer_time_s: float
+    offload_bytes: int
+
+    @classmethod
+    def of(cls, sim: Simulation) -> PlanFigures:
+        """The figures of a :class:`~remat.ir.Simulation`."""
+        return cls(
+            peak_bytes=sim.peak_bytes,
+            static_bytes=sim.static_bytes,
+            peak_dynamic_bytes=sim.peak_dynamic_bytes,
+            total_time_s=sim.total_time_s,
+            compute_time_s=sim.compute_time_s,
+            recompute_time_s=sim.recompute_time_s,
+            recompute_flops=sim.recompute_flops,
+            stall_time_s=sim.stall_time_s,
+            transfer_time_s=sim.transfer_time_s,
+            offload_bytes=sim.offload_bytes,
+        )
+
+
+class SolveResult(BaseModel):
+    """What every solver returns. Times in seconds, memory in bytes (static + dynamic).
+
+    ``figures`` are the simulator's figures for ``plan`` and are present exactly when there is
+    a plan. ``baseline_time_s`` is the time of the eager schedule (no recomputation) and
+    ``overhead`` the relative extra time over it. ``lower_bound_s`` is a proven lower bound on
+    the time of any plan within the budget when the method proves one, and ``gap`` is
+    ``total_time_s / lower_bound_s - 1``. For ``infeasible``, ``min_budget_bytes`` is the
+    smallest budget the method found to work and ``plan`` (if any) is the plan that reaches it.
+    ``solver`` names the method that made the plan.
+
+    The figures' fields are also readable on the result itself (``result.peak_bytes``), as
+    ``None`` when there is no plan.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    solver: str
+    status: Status
+    budget_bytes: int
+    plan: Plan | None = None
+    figures: PlanFigures | None = None
+    baseline_time_s: float
+    overhead: float | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    min_budget_bytes: int | None = None
+    solve_time_s: float = 0.0
+    message: str = ""
+
+    @model_validator(mode="after")
+    def _figures_with_plan(self) -> SolveResult:
+        if (self.plan is None) != (self.figures is None):
+            raise ValueError("a result has figures exactly when it has a plan")
+        return self
+
+    @property
+    def fits(self) -> bool:
+        """A plan exists and its simulated peak is within the budget."""
+        return self.status in ("optimal", "feasible") and self.plan is not None
+
+    # -- shortcuts into ``figures`` (None without a plan) ------------------------------------
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.figures is None else self.figures.peak_bytes
+
+    @property
+    def static_bytes(self) -> int | None:
+        return None if self.figures is None else self.figures.static_bytes
+
+    @property
+    def peak_dynamic_bytes(self) -> int | None:
+        return None if self.figures is None else self.figures.peak_dynamic_bytes
+
+    @property
+    def total_time_s(self) -> float | None:
+        return None if self.figures is None else self.figures.total_time_s
+
+    @property
+    def compute_time_s(self) -> float | None:
+        return None if self.figures is None else self.figures.compute_time_s
+
+    @property
+    def recompute_time_s(self) -> float | None:
+        return None if self.figures is None else self.figures.recompute_time_s
+
+    @property
+    def recompute_flops(self) -> int | None:
+        return None if self.figures is None else self.figures.recompute_flops
+
+    @property
+    def stall_time_s(self) -> float | None:
+        return None if self.figures is None else self.figures.stall_time_s
+
+    @property
+    def transfer_time_s(self) -> float | None:
+        return None if self.figures is None else self.figures.transfer_time_s
+
+    @property
+    def offload_bytes(self) -> int | None:
+        return None if self.figures is None else self.figures.offload_bytes
+
+
+def speed_key(result: SolveResult) -> tuple[float, int]:
+    """Sort key: fastest plan first, then the smaller peak; results without a plan last."""
+    f = result.figures
+    return (math.inf, 0) if f is None else (f.total_time_s, f.peak_bytes)
+
+
+def peak_key(result: SolveResult) -> tuple[float, float]:
+    """Sort key: smallest peak first, then the faster plan; results without a plan last."""
+    f = result.figures
+    return (math.inf, math.inf) if f is None else (f.peak_bytes, f.total_time_s)
+
+
+def best_result(results: Iterable[SolveResult]) -> SolveResult | None:
+    """The fastest result that fits; else the one with the smallest peak (the smallest budget
+    known to work); else the first result (none has a plan); None for no results."""
+    rs = list(results)
+    fitting = [r for r in rs if r.fits]
+    if fitting:
+        return min(fitting, key=speed_key)
+    with_plan = [r for r in rs if r.figures is not None]
+    if with_plan:
+        return min(with_plan, key=peak_key)
+    return rs[0] if rs else None
+
+
+class Progress(BaseModel):
+    """Where a running solve stands: its incumbent's overhead and peak, the bound, the gap.
+
+    JSON-serialisable: the service stores the latest as a job's progress.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    solver: str
+    phase: str
+    elapsed_s: float
+    time_limit_s: float | None = None
+    incumbent_overhead: float | None = None
+    incumbent_peak_bytes: int | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    message: str | None = None
