@@ -61,10 +61,19 @@ class Simulation:
     prefetch_bytes: int
     timeline_bytes: list[int] = field(repr=False)
     """Dynamic bytes in use during each step, one entry per step."""
+    alive_value_ids: tuple[str, ...] = field(default=(), repr=False)
+    """With ``alive_at_step``: the values holding device bytes during that step (inputs, values
+    on the device, offloads whose copy has not finished), in the order they were allocated."""
+    alive_workspace_bytes: int = 0
+    """With ``alive_at_step``: the workspace of the node running at that step (0 for others)."""
 
 
 def simulate(
-    graph: Graph, plan: Plan, *, host_bandwidth_bytes_per_s: float | None = None
+    graph: Graph,
+    plan: Plan,
+    *,
+    host_bandwidth_bytes_per_s: float | None = None,
+    alive_at_step: int | None = None,
 ) -> Simulation:
     """Replay ``plan`` on ``graph`` and return exact memory and time figures.
 
@@ -77,6 +86,10 @@ def simulate(
     host_bandwidth_bytes_per_s
         Bandwidth of the host link for offload/prefetch; defaults to the graph's device profile.
         ``math.inf`` makes transfers free.
+    alive_at_step
+        Also record which values hold device bytes during this step (for example
+        ``peak_step`` of an earlier run, to name what is alive at the peak); their sizes plus
+        the workspace add up to ``timeline_bytes[alive_at_step]``.
 
     Raises
     ------
@@ -120,6 +133,8 @@ def simulate(
     offload_bytes = 0
     prefetch_bytes = 0
     seq = 0
+    alive: tuple[str, ...] = ()
+    alive_ws = 0
 
     def release_until(t: float) -> None:
         nonlocal cur
@@ -232,6 +247,9 @@ def simulate(
         else:  # pragma: no cover - Step validates op
             raise fail(i, f"unknown op {op!r}")
         timeline.append(during)
+        if i == alive_at_step:
+            alive = tuple(v for v in state if v not in static)
+            alive_ws = graph.node(sid).workspace_bytes if op == "compute" else 0
         if during > peak:
             peak = during
             peak_step = i
@@ -269,6 +287,8 @@ def simulate(
         offload_bytes=offload_bytes,
         prefetch_bytes=prefetch_bytes,
         timeline_bytes=timeline,
+        alive_value_ids=alive,
+        alive_workspace_bytes=alive_ws,
     )
 
 

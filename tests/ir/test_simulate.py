@@ -188,3 +188,24 @@ def test_side_effecting_node_runs_exactly_once() -> None:
         )
     with pytest.raises(InvalidPlanError, match="never ran"):
         simulate(g2, Plan.of([("compute", "f1"), ("compute", "f3"), ("free", "a")]))
+
+
+def test_alive_at_step_names_what_holds_the_memory() -> None:
+    # The stalling offload above: at its peak (step 5, f5 running) x, a (copy not finished),
+    # c and e are held: 10 + 100 + 50 + 60 = 220 by hand (offload_chain's sizes).
+    g = offload_chain(f3_time_s=0.5)
+    sim = simulate(g, OFFLOAD_PLAN, host_bandwidth_bytes_per_s=50, alive_at_step=5)
+    assert sorted(sim.alive_value_ids) == ["a", "c", "e", "x"]
+    # With the copy done in time (overlapping case) a is gone by step 5.
+    g = offload_chain(f3_time_s=5.0)
+    sim = simulate(g, OFFLOAD_PLAN, host_bandwidth_bytes_per_s=50, alive_at_step=5)
+    assert sorted(sim.alive_value_ids) == ["c", "e", "x"]
+    # Every step: the sizes alive plus the running node's workspace are the timeline reading.
+    for graph, plan in ((diamond(), eager_plan(diamond())), (g, OFFLOAD_PLAN)):
+        full = simulate(graph, plan, host_bandwidth_bytes_per_s=50)
+        for i in range(len(plan)):
+            s = simulate(graph, plan, host_bandwidth_bytes_per_s=50, alive_at_step=i)
+            held = sum(graph.value(v).size_bytes for v in s.alive_value_ids)
+            assert held + s.alive_workspace_bytes == full.timeline_bytes[i], i
+    assert simulate(diamond(), eager_plan(diamond()), alive_at_step=2).alive_workspace_bytes == 50
+    assert simulate(diamond(), eager_plan(diamond())).alive_value_ids == ()
