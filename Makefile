@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-TYPED := remat/ir remat/solver remat/api
+TYPED := remat/ir remat/solver remat/api remat/report
 
 .PHONY: venv test test-all lint typecheck demo bench clean
 

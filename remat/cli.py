@@ -115,6 +115,13 @@ def _result_rows(result: Any) -> list[tuple[str, str]]:
     return rows
 
 
+def _plot_file(text: str) -> str:
+    """``--plot``: a path ending in .svg or .png (checked before any work)."""
+    if Path(text).suffix.lower() not in (".svg", ".png"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a plot is written as .svg or .png")
+    return text
+
+
 def _write(path: str, text: str) -> None:
     try:
         Path(path).write_text(text)
@@ -145,36 +152,77 @@ def cmd_solve(args: argparse.Namespace) -> int:
     return EXIT_OK if result.fits else EXIT_FAILED
 
 
+def _solver_names(arg: str | None) -> list[str]:
+    from remat import solver as solvers
+
+    if not arg:
+        return [solvers.DEFAULT_SOLVER]
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    if not names:
+        raise BadInput("--solver: no solver named")
+    return names
+
+
 def cmd_frontier(args: argparse.Namespace) -> int:
+    from remat.report.frontier import (
+        DEFAULT_BUDGETS,
+        FrontierPoint,
+        compute_frontier,
+        dump_frontier,
+    )
+
     graph = load_graph(args.graph)
     specs = [_budget_arg(b) for b in args.budgets.split(",")] if args.budgets else None
+    names = _solver_names(args.solver)
     if args.url:
+        points: list[FrontierPoint] = []
         with _client(args) as c:
-            fr = c.frontier(graph, specs, solver=args.solver, time_limit_s=args.time_limit)
-        points = [
-            (p.budget, p.budget_bytes, p.status, p.peak_bytes, p.total_time_s, p.overhead)
-            for p in fr.points
-        ]
+            for name in names:
+                fr = c.frontier(graph, specs, solver=name, time_limit_s=args.time_limit)
+                points += [
+                    FrontierPoint.model_validate(
+                        {
+                            **p.model_dump(),
+                            "budget": str(p.budget),
+                            "solver": p.solver or name,
+                            "baseline_time_s": fr.baseline_time_s,
+                        }
+                    )
+                    for p in fr.points
+                ]
     else:
-        from remat.api.tasks import DEFAULT_FRONTIER
-
-        points = []
-        for spec in specs or list(DEFAULT_FRONTIER):
-            r = _solve_local(graph, spec, args.solver, args.time_limit)
-            points.append(
-                (spec, r.budget_bytes, r.status, r.peak_bytes, r.total_time_s, r.overhead)
+        try:
+            points = compute_frontier(
+                graph,
+                budgets=specs or list(DEFAULT_BUDGETS),
+                solvers=names,
+                time_limit_s=args.time_limit,
             )
+        except ValueError as exc:
+            raise BadInput(f"--budgets: {exc}") from None
+    if args.plot:
+        from remat.report.plots import frontier_figure, save
+
+        save(
+            frontier_figure(points, title=f"budget / time frontier: {graph.name or args.graph}"),
+            args.plot,
+        )
     if args.json:
-        keys = ("budget", "budget_bytes", "status", "peak_bytes", "total_time_s", "overhead")
-        print(json.dumps([dict(zip(keys, p, strict=True)) for p in points], indent=1))
+        print(dump_frontier(points))
         return EXIT_OK
     print(f"remat frontier: {args.graph} ({graph.num_nodes} nodes)")
     print(
-        f"  {'budget':>10} {'bytes':>14} {'status':>10} {'peak':>12} {'time':>12} {'overhead':>9}"
+        f"  {'solver':>14} {'budget':>10} {'bytes':>14} {'status':>10} {'peak':>12} "
+        f"{'time':>12} {'overhead':>9}"
     )
-    for spec, b, st, peak, t, ov in points:
-        pk = "-" if peak is None else format_bytes(peak)
-        print(f"  {spec!s:>10} {b:>14} {st:>10} {pk:>12} {_secs(t):>12} {_pct(ov):>9}")
+    for p in points:
+        pk = "-" if p.peak_bytes is None else format_bytes(p.peak_bytes)
+        print(
+            f"  {p.solver:>14} {p.budget:>10} {p.budget_bytes:>14} {p.status:>10} {pk:>12} "
+            f"{_secs(p.total_time_s):>12} {_pct(p.overhead):>9}"
+        )
+    if args.plot:
+        print(f"  wrote {args.plot}")
     return EXIT_OK
 
 
@@ -332,12 +380,47 @@ def cmd_report(args: argparse.Namespace) -> int:
             "recomputed_values": recomputed,
             "offloaded_values": offloaded,
         }
+        rows += _write_pictures(args, graph, result)
+    elif args.html or args.plot:
+        raise BadInput("--html and --plot draw a plan: give it with --result RESULT.json")
     if args.json:
         print(json.dumps(data, indent=1))
     else:
         print(f"remat report: {args.graph}")
         _table(rows, sys.stdout)
     return EXIT_OK
+
+
+def _write_pictures(args: argparse.Namespace, graph: Graph, result: Any) -> list[tuple[str, str]]:
+    """``--plot`` (the timeline) and ``--html`` (the page) of ``remat report``."""
+    wrote: list[tuple[str, str]] = []
+    if args.plot:
+        from remat.report import timeline
+        from remat.report.plots import save, timeline_figure
+
+        save(timeline_figure(timeline(graph, result.plan, result.budget_bytes)), args.plot)
+        wrote.append(("wrote", args.plot))
+    if args.html:
+        from remat.report import compute_frontier, load_frontier, render_html
+        from remat.report.frontier import DEFAULT_BUDGETS
+
+        points = []
+        for path in args.frontier or []:
+            points += load_frontier(_read_text(path), source=path)
+        if not args.frontier and args.frontier_solvers:
+            specs = [_budget_arg(b) for b in args.budgets.split(",")] if args.budgets else None
+            try:
+                points = compute_frontier(
+                    graph,
+                    budgets=specs or list(DEFAULT_BUDGETS),
+                    solvers=_solver_names(args.frontier_solvers),
+                    time_limit_s=args.time_limit,
+                )
+            except ValueError as exc:
+                raise BadInput(f"--budgets: {exc}") from None
+        _write(args.html, render_html(graph, result, frontier=points))
+        wrote.append(("wrote", args.html))
+    return wrote
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -393,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--budgets", help="comma separated, e.g. 100%%,50%%,8GiB (default 100%%..10%%)")
     solver_args(sp)
     sp.add_argument("--json", action="store_true")
+    sp.add_argument(
+        "--plot",
+        type=_plot_file,
+        metavar="FRONTIER.svg",
+        help="write the frontier plot (.svg/.png)",
+    )
     remote_args(sp)
     sp.set_defaults(fn=cmd_frontier)
 
@@ -418,6 +507,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("graph", metavar="GRAPH.json")
     sp.add_argument("--result", metavar="RESULT.json", help="a result written by solve --out")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--html", metavar="PAGE.html", help="write a self-contained HTML report")
+    sp.add_argument(
+        "--plot",
+        type=_plot_file,
+        metavar="TIMELINE.svg",
+        help="write the memory timeline (.svg/.png)",
+    )
+    sp.add_argument(
+        "--frontier",
+        action="append",
+        metavar="FRONTIER.json",
+        help="frontier points from `remat frontier --json` for the page (repeatable)",
+    )
+    sp.add_argument(
+        "--frontier-solvers",
+        default="checkpoint-all,chen-greedy,rotor",
+        metavar="NAMES",
+        help="without --frontier: solvers the page's frontier runs ('' for none)",
+    )
+    sp.add_argument("--budgets", help="budgets of that frontier (default 100%%..10%%)")
+    sp.add_argument("--time-limit", type=float, metavar="S", help="time limit of each solve")
     sp.set_defaults(fn=cmd_report)
 
     sp = sub.add_parser("serve", help="run the HTTP service")

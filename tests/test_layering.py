@@ -1,6 +1,7 @@
 """Who imports whom (DESIGN.md): ir is the centre; tracer, solver, executor and api depend on it
 and not on each other, except api -> solver and executor -> tracer (the op-level executor runs
-plans over the tracer's captured graph)."""
+plans over the tracer's captured graph); report (pages, plots, progress) reads ir and runs
+solvers for its frontier."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ ALLOWED = {
     "tracer": {"ir", "tracer"},
     "executor": {"ir", "executor", "tracer"},
     "api": {"ir", "solver", "api"},
+    "report": {"ir", "solver", "report"},
 }
 
 
