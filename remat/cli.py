@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from remat.ir import Graph, RematError, eager_plan, format_bytes, resolve_budget, simulate
+from remat.ir import (
+    Graph,
+    RematError,
+    SolveResult,
+    eager_plan,
+    format_bytes,
+    parse_budget,
+    simulate,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -46,28 +54,33 @@ def load_graph(path: str) -> Graph:
         raise BadInput(f"{path}: {exc}") from None
 
 
-def _budget_arg(text: str) -> int | float | str:
-    """``--budget`` as the service reads it: ``12GiB``, ``70%``, ``0.7`` or bytes."""
-    t = text.strip()
-    if t.isdigit():
-        return int(t)
+def _budget_arg(text: str, flag: str = "--budget") -> int | float:
+    """``--budget`` parsed by :func:`remat.ir.parse_budget` (the one parser): bytes (``12GiB``,
+    ``1e9``) or a fraction (``70%``, ``0.7``); ``1`` is refused as ambiguous."""
     try:
-        return float(t)
-    except ValueError:
-        return t
+        return parse_budget(text)
+    except ValueError as exc:
+        raise BadInput(f"{flag}: {exc}") from None
+
+
+def _budget_texts(text: str | None) -> list[str] | None:
+    """``--budgets 100%,70%,8GiB``: each checked by :func:`remat.ir.parse_budget`, kept as
+    written (it labels the frontier's points)."""
+    if not text:
+        return None
+    texts = [t.strip() for t in text.split(",")]
+    for t in texts:
+        _budget_arg(t, "--budgets")
+    return texts
 
 
 def _solve_local(
-    graph: Graph, budget: int | float | str, solver: str | None, time_limit_s: float | None
-) -> Any:
+    graph: Graph, budget: int | float, solver: str | None, time_limit_s: float | None
+) -> SolveResult:
     from remat import solver as solvers
 
     try:
-        budget_bytes = resolve_budget(graph, budget)
-    except ValueError as exc:
-        raise BadInput(f"--{exc}") from None
-    try:
-        return solvers.solve(graph, budget_bytes, solver=solver, time_limit_s=time_limit_s)
+        return solvers.solve(graph, budget, solver=solver, time_limit_s=time_limit_s)
     except RematError as exc:
         raise BadInput(f"--solver: {exc}") from None
 
@@ -172,7 +185,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     )
 
     graph = load_graph(args.graph)
-    specs = [_budget_arg(b) for b in args.budgets.split(",")] if args.budgets else None
+    specs = _budget_texts(args.budgets)
     names = _solver_names(args.solver)
     if args.url:
         points: list[FrontierPoint] = []
@@ -333,8 +346,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from remat.ir import SolveResult
-
     graph = load_graph(args.graph)
     s = graph.summary()
     eager = simulate(graph, eager_plan(graph))
@@ -408,7 +419,7 @@ def _write_pictures(args: argparse.Namespace, graph: Graph, result: Any) -> list
         for path in args.frontier or []:
             points += load_frontier(_read_text(path), source=path)
         if not args.frontier and args.frontier_solvers:
-            specs = [_budget_arg(b) for b in args.budgets.split(",")] if args.budgets else None
+            specs = _budget_texts(args.budgets)
             try:
                 points = compute_frontier(
                     graph,

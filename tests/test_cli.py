@@ -210,3 +210,18 @@ def test_trace_and_check_a_model_spec(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["check", spec, "--budget", "100%"]) == 0
     assert "PASS" in capsys.readouterr().out
     assert main(["trace", f"{model}:missing"]) == 2
+
+
+def test_budget_text_goes_to_the_one_parser(
+    graph_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1e9 is bytes for parse_budget, and now for the CLI too (it was refused as a fraction)
+    argv = ["solve", str(graph_file), "--solver", "none", "--json", "--budget"]
+    assert main([*argv, "1e9"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == 10**9
+    # a bare 1 could mean one byte or the whole eager peak: refused, both spellings shown
+    assert main([*argv, "1"]) == 2
+    err = capsys.readouterr().err
+    assert '"1B"' in err and '"100%"' in err and "--budget" in err
+    assert main([*argv, "1B"]) == 1  # one byte: nothing fits
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == 1

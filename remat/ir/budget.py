@@ -60,16 +60,45 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+_BARE_NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*$")
+
+
+def _bare_number(text: str) -> int | float | None:
+    """A budget written as a bare number (no unit, no ``%``): bytes when it is above 1, a
+    fraction when it is below 1 or written ``1.0``; ``"1"`` could mean either and is refused.
+    None when ``text`` is not a bare number."""
+    m = _BARE_NUMBER.match(text)
+    if not m:
+        return None
+    t = m.group(1)
+    value = int(t) if t.isdigit() else float(t)
+    if value == 1 and "." not in t:
+        raise ValueError(
+            f"budget: {text!r} could mean 1 byte or all of the eager peak; "
+            'write "1B" for one byte or "100%" for the eager peak'
+        )
+    if 0 < value <= 1:
+        return float(value)
+    if value != int(value) or not math.isfinite(value):
+        raise ValueError(
+            f"budget: {text!r} is not a whole number of bytes "
+            "(write a unit, e.g. '1.5GB', or a percentage, e.g. '70%')"
+        )
+    return int(value)
+
+
 def parse_budget(spec: BudgetSpec) -> int | float:
     """Check a budget spec without its graph: bytes as an ``int``, or a fraction as a ``float``.
 
-    ``12884901888``, ``"12GiB"`` -> bytes; ``0.7``, ``"70%"`` -> the fraction 0.7. What a
-    fraction means needs the graph: see :func:`resolve_budget`.
+    ``12884901888``, ``"12GiB"``, ``"1e9"`` -> bytes; ``0.7``, ``"0.7"``, ``"70%"`` -> the
+    fraction 0.7. Text without a unit is bytes when above 1 and a fraction when below 1 (or
+    written ``"1.0"``); ``"1"``, which could mean either, is refused. What a fraction means
+    needs the graph: see :func:`resolve_budget`.
 
     Raises
     ------
     ValueError
-        Naming the spec when it is negative, out of range or unparseable.
+        Naming the spec when it is negative, out of range, ambiguous or unparseable.
     """
     if isinstance(spec, bool):
         raise ValueError(f"budget: not a budget: {spec!r}")
@@ -81,6 +110,12 @@ def parse_budget(spec: BudgetSpec) -> int | float:
         except ValueError:
             raise ValueError(f"budget: not a percentage: {spec!r}") from None
     else:
+        if isinstance(spec, str):
+            bare = _bare_number(spec)
+            if isinstance(bare, int):
+                return bare
+            if bare is not None:
+                return bare  # a fraction in (0, 1]
         try:
             return parse_bytes(spec)
         except ValueError as exc:

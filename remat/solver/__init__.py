@@ -25,8 +25,10 @@ from remat.solver import (  # noqa: F401  (importing a solver module registers i
     rotor,
 )
 from remat.solver.base import (
+    InvalidOptionError,
     Solver,
     SolverInfo,
+    SolverOptions,
     available,
     default_solver,
     get,
@@ -37,12 +39,14 @@ from remat.solver.base import (
 from remat.solver.problem import Problem, ProgressCallback
 
 __all__ = [
+    "InvalidOptionError",
     "PlanFigures",
     "Problem",
     "Progress",
     "SolveResult",
     "Solver",
     "SolverInfo",
+    "SolverOptions",
     "available",
     "baselines",
     "default_solver",
@@ -71,6 +75,6 @@ def solve(
     default solver is :func:`default_solver` (``auto`` when it is registered).
     """
     si = info(solver or default_solver())
-    si.check_options(options)
+    checked = si.check_options(options)
     problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
-    return si.fn(problem, **options)
+    return si.fn(problem, **checked)

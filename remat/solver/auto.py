@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import time
 
+from pydantic import Field
+
 from remat.ir import Plan
 from remat.ir.result import SolveResult, best_result, speed_key
-from remat.solver.base import info, register
+from remat.solver.base import SolverOptions, info, register
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 2000
@@ -36,7 +38,18 @@ MILP_MAX_NODES = 2000
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
-@register("auto", kind="meta", summary="Best of heuristics, chain DPs and the MILP within time")
+class AutoOptions(SolverOptions):
+    """Options of ``auto``."""
+
+    offload: bool = Field(False, description="Also try pofo (plans that offload to the host).")
+
+
+@register(
+    "auto",
+    kind="meta",
+    summary="Best of heuristics, chain DPs and the MILP within time",
+    options=AutoOptions,
+)
 def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
     """Run the solvers that suit the graph within the time limit (default 60 s) and return
     the best plan found with the best lower bound known (see the module docstring).

@@ -11,9 +11,11 @@ exception.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from remat.ir import Graph, Plan, SolverUnavailableError, simulate
 from remat.ir.result import SolveResult, Status
@@ -22,10 +24,13 @@ from remat.solver.problem import Problem, baseline_time_s, result_from_simulatio
 SolverKind = Literal["baseline", "chain", "dag", "meta"]
 
 __all__ = [
+    "InvalidOptionError",
+    "NoOptions",
     "Problem",
     "SolveResult",
     "Solver",
     "SolverInfo",
+    "SolverOptions",
     "Status",
     "available",
     "baseline_time_s",
@@ -52,9 +57,38 @@ INTERNAL_OPTIONS = frozenset({"start_plans"})
 """Keyword parameters a solver accepts from Python (``auto``) but that are not user options."""
 
 
+class SolverOptions(BaseModel):
+    """Base of every solver's options model, declared beside the solver that reads it.
+
+    Frozen, unknown names refused, strict types: a bool is not an integer nor an integer a
+    bool (an integer is accepted for a float). Bounds (``Field(ge=..., le=...)``) keep every
+    option within what the solver can do without exhausting memory.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class NoOptions(SolverOptions):
+    """The options of a solver that takes none."""
+
+
+class InvalidOptionError(ValueError):
+    """A solver option is unknown, of the wrong type or out of its range; ``option`` names it."""
+
+    def __init__(self, message: str, *, solver: str, option: str) -> None:
+        super().__init__(message)
+        self.solver = solver
+        self.option = option
+
+
 @dataclass(frozen=True)
 class SolverInfo:
-    """A registered solver: its function, what it models, and the options it accepts."""
+    """A registered solver: its function, what it models, and the options it accepts.
+
+    ``options_model`` is the solver's :class:`SolverOptions` (its JSON schema describes the
+    options); None only for solvers registered without one (plugins), whose options are then
+    checked by name only.
+    """
 
     name: str
     fn: SolverFn
@@ -62,42 +96,85 @@ class SolverInfo:
     exact: bool
     summary: str
     options: tuple[str, ...]
+    options_model: type[SolverOptions] | None = None
 
-    def check_options(self, options: dict[str, Any]) -> None:
-        """Raise ValueError naming the first option this solver does not accept."""
-        unknown = sorted(set(options) - set(self.options) - INTERNAL_OPTIONS)
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options validated (types, ranges), ready to pass to the solver; raise
+        :class:`InvalidOptionError` naming the first bad one. Internal keywords
+        (``start_plans``) pass through unchecked."""
+        internal = {k: v for k, v in options.items() if k in INTERNAL_OPTIONS}
+        user = {k: v for k, v in options.items() if k not in INTERNAL_OPTIONS}
+        unknown = sorted(set(user) - set(self.options))
         if unknown:
             known = ", ".join(self.options) or "none"
-            raise ValueError(
-                f"solver {self.name!r} has no option {unknown[0]!r} (its options: {known})"
+            raise InvalidOptionError(
+                f"solver {self.name!r} has no option {unknown[0]!r} (its options: {known})",
+                solver=self.name,
+                option=unknown[0],
             )
+        if self.options_model is None:
+            return {**user, **internal}
+        try:
+            parsed = self.options_model.model_validate(user)
+        except ValidationError as exc:
+            errors = exc.errors()
+            opt = str(errors[0]["loc"][0]) if errors[0]["loc"] else "?"
+            # a union (e.g. milp's window) reports one message per alternative: join them
+            msgs = dict.fromkeys(e["msg"] for e in errors if e["loc"] and e["loc"][0] == opt)
+            why = " or ".join(msgs) or errors[0]["msg"]
+            raise InvalidOptionError(
+                f"solver {self.name!r}: option {opt!r}: {why} (got {user.get(opt)!r})",
+                solver=self.name,
+                option=opt,
+            ) from None
+        return {**dict(parsed), **internal}
 
     def run(self, problem: Problem, **options: Any) -> SolveResult:
         """Check ``options``, then solve ``problem``."""
-        self.check_options(options)
-        return self.fn(problem, **options)
+        return self.fn(problem, **self.check_options(options))
 
 
 _REGISTRY: dict[str, SolverInfo] = {}
 
 
 def register(
-    name: str, *, kind: SolverKind, exact: bool = False, summary: str = ""
+    name: str,
+    *,
+    kind: SolverKind,
+    exact: bool = False,
+    summary: str = "",
+    options: type[SolverOptions] | None = None,
 ) -> Callable[[SolverFn], SolverFn]:
-    """Register ``fn(problem, **options) -> SolveResult`` under ``name`` (decorator); its
-    keyword-only parameters are its options."""
+    """Register ``fn(problem, **options) -> SolveResult`` under ``name`` (decorator).
+
+    The keyword-only parameters of ``fn`` are its options; ``options`` is their model, whose
+    fields must be exactly those parameters with the same defaults (checked here, so the two
+    cannot drift apart).
+    """
 
     def deco(fn: SolverFn) -> SolverFn:
         if name in _REGISTRY:
             raise ValueError(f"solver {name!r} is registered twice")
-        params = inspect.signature(fn).parameters
-        opts = tuple(
-            p
-            for p, spec in params.items()
+        params = {
+            p: spec
+            for p, spec in inspect.signature(fn).parameters.items()
             if spec.kind is inspect.Parameter.KEYWORD_ONLY and p not in INTERNAL_OPTIONS
-        )
+        }
+        if options is not None:
+            fields = options.model_fields
+            if set(fields) != set(params):
+                raise ValueError(
+                    f"solver {name!r}: options model {options.__name__} has fields "
+                    f"{sorted(fields)}, the function takes {sorted(params)}"
+                )
+            for p, spec in params.items():
+                if fields[p].default != spec.default:
+                    raise ValueError(
+                        f"solver {name!r}: option {p!r} defaults to {spec.default!r} in the "
+                        f"function but {fields[p].default!r} in {options.__name__}"
+                    )
         doc = summary or (fn.__doc__ or "").strip().splitlines()[0]
-        _REGISTRY[name] = SolverInfo(name, fn, kind, exact, doc, opts)
+        _REGISTRY[name] = SolverInfo(name, fn, kind, exact, doc, tuple(params), options)
         return fn
 
     return deco
@@ -146,10 +223,10 @@ def get(name: str) -> Solver:
         time_limit_s: float | None = None,
         **options: Any,
     ) -> SolveResult:
-        si.check_options(options)
+        checked = si.check_options(options)
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an integer >= 0, got {budget_bytes!r}")
-        return si.fn(Problem.build(graph, budget_bytes, time_limit_s=time_limit_s), **options)
+        return si.fn(Problem.build(graph, budget_bytes, time_limit_s=time_limit_s), **checked)
 
     run.__name__ = f"solve_{name.replace('-', '_')}"
     run.__doc__ = si.fn.__doc__

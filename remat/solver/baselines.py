@@ -19,10 +19,12 @@ from __future__ import annotations
 import math
 import time
 
+from pydantic import Field
+
 from remat.ir import Graph, Plan, block_cuts, keep_plan
 from remat.ir.cuts import Cut, articulation_cuts
 from remat.ir.result import SolveResult
-from remat.solver.base import register
+from remat.solver.base import NoOptions, SolverOptions, register
 from remat.solver.problem import Problem
 
 
@@ -31,7 +33,10 @@ def _keep_from(cuts: list[Cut]) -> set[str]:
 
 
 @register(
-    "none", kind="baseline", summary="No recomputation: eager PyTorch, values freed after last use"
+    "none",
+    kind="baseline",
+    summary="No recomputation: eager PyTorch, values freed after last use",
+    options=NoOptions,
 )
 def solve_none(problem: Problem) -> SolveResult:
     """No recomputation: every node once in order, each value freed after its last use."""
@@ -40,7 +45,10 @@ def solve_none(problem: Problem) -> SolveResult:
 
 
 @register(
-    "checkpoint-all", kind="baseline", summary="Keep block inputs only; recompute each block once"
+    "checkpoint-all",
+    kind="baseline",
+    summary="Keep block inputs only; recompute each block once",
+    options=NoOptions,
 )
 def solve_checkpoint_all(problem: Problem) -> SolveResult:
     """Keep each block's inputs only; recompute every block once during the backward pass."""
@@ -49,7 +57,12 @@ def solve_checkpoint_all(problem: Problem) -> SolveResult:
     return problem.result(plan, solver="checkpoint-all", started=t0)
 
 
-@register("sqrt", kind="baseline", summary="Chen et al. 2016: a checkpoint every sqrt(n) blocks")
+@register(
+    "sqrt",
+    kind="baseline",
+    summary="Chen et al. 2016: a checkpoint every sqrt(n) blocks",
+    options=NoOptions,
+)
 def solve_sqrt(problem: Problem) -> SolveResult:
     """Chen et al. (2016) sqrt(n) checkpointing: segments of ceil(sqrt(n)) blocks.
 
@@ -88,7 +101,26 @@ def greedy_cuts(graph: Graph, threshold_bytes: int, candidates: list[Cut]) -> li
     return chosen
 
 
-@register("chen-greedy", kind="baseline", summary="Chen et al. 2016: budget-driven greedy segments")
+MAX_THRESHOLDS = 1000
+
+
+class ChenGreedyOptions(SolverOptions):
+    """Options of ``chen-greedy``."""
+
+    num_thresholds: int = Field(
+        24,
+        ge=1,
+        le=MAX_THRESHOLDS,
+        description="Thresholds swept; each costs one plan and one simulation.",
+    )
+
+
+@register(
+    "chen-greedy",
+    kind="baseline",
+    summary="Chen et al. 2016: budget-driven greedy segments",
+    options=ChenGreedyOptions,
+)
 def solve_chen_greedy(problem: Problem, *, num_thresholds: int = 24) -> SolveResult:
     """Chen et al. (2016) greedy checkpointing, with the threshold swept for the budget.
 
@@ -105,8 +137,6 @@ def solve_chen_greedy(problem: Problem, *, num_thresholds: int = 24) -> SolveRes
     ----------
     T. Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174, 2016.
     """
-    if num_thresholds < 1:
-        raise ValueError(f"num_thresholds must be >= 1, got {num_thresholds}")
     t0 = time.perf_counter()
     graph = problem.graph
     by_pos = {c.position: c for c in (*block_cuts(graph), *articulation_cuts(graph))}

@@ -20,13 +20,14 @@ import random
 import time
 
 import numpy as np
+from pydantic import Field
 
 from remat.ir import Plan, Step
 from remat.ir.chain import plan_from_steps
 from remat.ir.result import SolveResult, best_result
-from remat.solver.base import register
+from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import CheckmateModel, is_var
-from remat.solver.milp import WindowSpec, fallback_plans, run_checkmate
+from remat.solver.milp import Window, WindowSpec, fallback_plans, run_checkmate
 from remat.solver.milp_index import MilpIndex
 from remat.solver.problem import Problem
 
@@ -86,7 +87,25 @@ def _keep_sets(
     return out
 
 
-@register("lp-round", kind="dag", summary="Checkmate's two-phase LP relaxation with rounding")
+MAX_SAMPLES = 1000
+
+
+class LpRoundOptions(SolverOptions):
+    """Options of ``lp-round``."""
+
+    samples: int = Field(
+        8, ge=0, le=MAX_SAMPLES, description="Randomized roundings per LP solve (each simulated)."
+    )
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the randomized rounding.")
+    window: Window = Field("auto", description="As for milp: blocks a stage may recompute.")
+
+
+@register(
+    "lp-round",
+    kind="dag",
+    summary="Checkmate's two-phase LP relaxation with rounding",
+    options=LpRoundOptions,
+)
 def solve_lp_round(
     problem: Problem,
     *,
@@ -116,8 +135,6 @@ def solve_lp_round(
     P. Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
     Rematerialization", MLSys 2020.
     """
-    if samples < 0:
-        raise ValueError(f"samples must be >= 0, got {samples}")
     t0 = time.perf_counter()
     graph, budget_bytes = problem.graph, problem.budget_bytes
     limit = 60.0 if problem.time_limit_s is None else problem.time_left_s()

@@ -55,12 +55,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from remat.ir import Graph, InvalidPlanError, Plan, keep_plan
 from remat.ir.result import SolveResult
 from remat.solver._mip import Backend, MipSolution
-from remat.solver.base import register
+from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import SMALL_GRAPH_NODES, CheckmateModel
 from remat.solver.milp_index import MilpIndex
 from remat.solver.problem import Problem
@@ -94,6 +96,12 @@ class CheckmateRun:
 
 
 WindowSpec = int | Literal["auto", "all"]
+
+MAX_WINDOW_BLOCKS = 10**6
+MAX_THREADS = 1024
+
+Window = Annotated[int, Field(ge=0, le=MAX_WINDOW_BLOCKS)] | Literal["auto", "all"]
+"""A validated :data:`WindowSpec` (an option of ``milp`` and ``lp-round``)."""
 
 
 def window_ladder(graph: Graph, window: WindowSpec) -> list[int | None]:
@@ -176,7 +184,27 @@ def run_checkmate(
     return run
 
 
-@register("milp", kind="dag", exact=True, summary="Checkmate's exact MILP (Jain et al. 2020)")
+class MilpOptions(SolverOptions):
+    """Options of ``milp`` (``start_plans`` is a Python keyword, not an option)."""
+
+    backend: Backend = Field("highs", description="'highs' (highspy) or 'cbc' (pulp).")
+    recompute_backward: bool | None = Field(
+        None, description="May backward nodes run again (default: graphs up to 12 nodes)."
+    )
+    recompute_in_forward: bool | None = Field(
+        None, description="May forward stages recompute (default: graphs up to 12 nodes)."
+    )
+    window: Window = Field("auto", description="Blocks a stage may recompute ('auto', 'all', n).")
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="MILP solver threads.")
+
+
+@register(
+    "milp",
+    kind="dag",
+    exact=True,
+    summary="Checkmate's exact MILP (Jain et al. 2020)",
+    options=MilpOptions,
+)
 def solve_milp(
     problem: Problem,
     *,
@@ -231,8 +259,6 @@ def solve_milp(
     Rematerialization", MLSys 2020.
     """
     t0 = time.perf_counter()
-    if backend not in ("highs", "cbc"):
-        raise ValueError(f"backend: unknown MILP back end {backend!r} (use 'highs' or 'cbc')")
     graph, budget_bytes = problem.graph, problem.budget_bytes
     limit = DEFAULT_TIME_LIMIT_S if problem.time_limit_s is None else problem.time_left_s()
     if graph.num_nodes == 0:

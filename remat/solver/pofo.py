@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from pydantic import Field
 
 from remat.ir import Plan
 from remat.ir.chain import ChainOp, CutKind, chain_view, expand
@@ -38,7 +39,7 @@ from remat.solver.chain_dp import (
     trivial_result,
 )
 from remat.solver.problem import Problem
-from remat.solver.rotor import solve_rotor
+from remat.solver.rotor import RotorOptions, solve_rotor
 
 
 def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
@@ -60,7 +61,20 @@ def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
     return out
 
 
-@register("pofo", kind="chain", summary="Rotor plus offloading of activations (POFO)")
+class PofoOptions(RotorOptions):
+    """Options of ``pofo``: rotor's, and the host link's bandwidth."""
+
+    host_bandwidth_bytes_per_s: float | None = Field(
+        None, gt=0, description="Host link bandwidth (default: the graph's device profile)."
+    )
+
+
+@register(
+    "pofo",
+    kind="chain",
+    summary="Rotor plus offloading of activations (POFO)",
+    options=PofoOptions,
+)
 def solve_pofo(
     problem: Problem,
     *,
@@ -88,8 +102,6 @@ def solve_pofo(
     O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Efficient Combination of Rematerialization and
     Offloading for Training DNNs", NeurIPS 2021.
     """
-    if mem_slots < 1:
-        raise ValueError(f"mem_slots must be >= 1, got {mem_slots}")
     graph = problem.graph
     bw = (
         graph.host_bandwidth_bytes_per_s

@@ -14,16 +14,28 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from pydantic import Field
 
 from remat.ir import Plan
 from remat.ir.chain import CutKind, chain_view, expand
 from remat.ir.result import SolveResult
-from remat.solver.base import register
+from remat.solver.base import SolverOptions, register
 from remat.solver.chain_dp import fit_chain_plan, revolve_schedule, revolve_table, trivial_result
 from remat.solver.problem import Problem
 
 
-@register("revolve", kind="chain", summary="Binomial checkpointing on homogeneous chains (revolve)")
+class RevolveOptions(SolverOptions):
+    """Options of ``revolve``."""
+
+    cuts: CutKind = Field("blocks", description="Which cuts make the chain (chain_view).")
+
+
+@register(
+    "revolve",
+    kind="chain",
+    summary="Binomial checkpointing on homogeneous chains (revolve)",
+    options=RevolveOptions,
+)
 def solve_revolve(problem: Problem, *, cuts: CutKind = "blocks") -> SolveResult:
     """Griewank's binomial checkpointing on the graph's chain of blocks.
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 import math
 import time
 
+from pydantic import Field
+
 from remat.ir import InvalidPlanError, Plan
 from remat.ir.chain import Chain, CutKind, chain_view, expand
 from remat.ir.result import SolveResult, best_result
-from remat.solver.base import register
+from remat.solver.base import SolverOptions, register
 from remat.solver.chain_dp import (
     ChainArrays,
     fit_chain_plan,
@@ -32,8 +34,32 @@ from remat.solver.chain_dp import (
 )
 from remat.solver.problem import Problem
 
+MAX_MEM_SLOTS = 4000
+"""The DP holds (stages + 1)^2 * (mem_slots + 1) costs and choices (12 bytes each)."""
+MAX_STAGES = 1000
 
-@register("rotor", kind="chain", summary="Optimal checkpointing DP on heterogeneous chains (rotor)")
+
+class RotorOptions(SolverOptions):
+    """Options of ``rotor`` (and of ``pofo``, which adds its own)."""
+
+    mem_slots: int = Field(
+        500, ge=1, le=MAX_MEM_SLOTS, description="Memory discretisation: finer is slower."
+    )
+    cuts: CutKind = Field("auto", description="Which cuts make the chain (chain_view).")
+    max_stages: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STAGES,
+        description="Merge stages down to this many (the DP is cubic in the stages).",
+    )
+
+
+@register(
+    "rotor",
+    kind="chain",
+    summary="Optimal checkpointing DP on heterogeneous chains (rotor)",
+    options=RotorOptions,
+)
 def solve_rotor(
     problem: Problem,
     *,
@@ -61,8 +87,6 @@ def solve_rotor(
     checkpointing for heterogeneous chains: how to train deep neural networks with limited
     memory", arXiv:1911.13214, 2019.
     """
-    if mem_slots < 1:
-        raise ValueError(f"mem_slots must be >= 1, got {mem_slots}")
     t0 = time.perf_counter()
     triv = trivial_result(problem, "rotor", t0)
     if triv is not None:
