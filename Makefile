@@ -29,7 +29,7 @@ test-all: lint
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider -m ''
 
 demo: $(STAMP)
-	$(PY) -m remat.demo
+	$(PY) examples/demo.py
 
 bench: $(STAMP)
 	$(PY) -m pytest -q -m slow -p no:cacheprovider || [ $$? -eq 5 ]  # 5: no slow case collected

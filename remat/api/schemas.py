@@ -251,12 +251,6 @@ class ErrorItem(BaseModel):
     type: str
 
 
-class ErrorResponse(BaseModel):
-    """Every 4xx/5xx body: ``detail`` is a message, or a list of fields at fault (422)."""
-
-    detail: str | list[ErrorItem]
-
-
 def check_magnitudes(graph: Graph, at: tuple[str, ...] = ("body",)) -> list[ErrorItem]:
     """Numbers too large for any real step (see ``MAX_BYTES``), each with its field's path
     (under ``at``, the graph's own path in the request)."""

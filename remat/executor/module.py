@@ -99,12 +99,6 @@ class ModulePlan:
     approximations: list[str] = field(default_factory=list)
     """What of the plan could not be expressed at module level (see :func:`module_plan`)."""
 
-    def describe(self) -> str:
-        lines = [f"{len(self.regions)} checkpoint regions, {len(self.offload)} offloaded values"]
-        for r in self.regions:
-            lines.append(f"  {r.path}: recompute {len(r.recompute)} ops, save {len(r.save)} ops")
-        return "\n".join(lines)
-
 
 def module_plan(
     graph: Graph,
@@ -609,7 +603,7 @@ def host_memory_of(model: nn.Module) -> HostMemory | None:
     return applied.host if applied is not None else None
 
 
-def plan_of(model: nn.Module) -> ModulePlan | None:
+def applied_plan(model: nn.Module) -> ModulePlan | None:
     """The module-level plan applied to ``model``, if any."""
     applied: _Applied | None = getattr(model, "_remat_applied", None)
     return applied.plan if applied is not None else None
@@ -619,9 +613,9 @@ __all__ = [
     "ModuleLevelWarning",
     "ModulePlan",
     "Region",
+    "applied_plan",
     "apply",
     "host_memory_of",
     "module_plan",
-    "plan_of",
     "remove",
 ]

@@ -29,8 +29,6 @@ from __future__ import annotations
 import keyword
 import math
 import re
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -410,18 +408,6 @@ class CompiledStep:
         assert loss is not None
         return loss
 
-    def time_step(self, *, repeats: int = 3) -> float:
-        """Median wall-clock seconds of ``repeats`` steps (gradients are reset before each)."""
-        times = []
-        for _ in range(repeats):
-            for p in self._params.values():
-                p.grad = None
-            t0 = time.perf_counter()
-            self()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
 
 
 def compile_step(

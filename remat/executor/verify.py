@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.executor.measure import MemoryMeasurement, measure
+from remat.executor.measure import measure
 from remat.executor.opexec import ExecutorError, compile_step, plan_to_run
 from remat.ir import Graph, Plan, PlanFigures, SolveResult, eager_plan, simulate
 from remat.ir.budget import format_bytes
@@ -336,14 +336,6 @@ def _host_bytes(graph: Graph, plan: Any) -> int:
             live.discard(s.id)
             cur -= sizes[s.id]
     return peak
-
-
-def report_measurement(m: MemoryMeasurement) -> str:
-    """One line for a :class:`MemoryMeasurement`."""
-    return (
-        f"peak {format_bytes(m.peak_bytes)} (static {format_bytes(m.static_bytes)}, dynamic "
-        f"{format_bytes(m.peak_dynamic_bytes)})"
-    )
 
 
 __all__ = ["ExecutorError", "VerifyReport", "verify"]

@@ -17,7 +17,7 @@ from remat.ir.errors import (
 )
 from remat.ir.graph import SCHEMA_VERSION, DeviceProfile, Graph, Node, Value
 from remat.ir.plan import Plan, Step, ValueFate, compute, free, offload, prefetch
-from remat.ir.plans import eager_plan, keep_plan
+from remat.ir.plan_builders import eager_plan, keep_plan
 from remat.ir.result import PlanFigures, Progress, SolveResult, Status
 from remat.ir.simulate import Simulation, simulate
 

@@ -141,7 +141,7 @@ def resolve_budget(graph: Graph, spec: BudgetSpec) -> int:
     budget = parse_budget(spec)
     if isinstance(budget, int):
         return budget
-    from remat.ir.plans import eager_plan
+    from remat.ir.plan_builders import eager_plan
     from remat.ir.simulate import simulate
 
     return fraction_bytes(graph, budget, simulate(graph, eager_plan(graph)).peak_dynamic_bytes)

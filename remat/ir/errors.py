@@ -23,7 +23,10 @@ class InvalidPlanError(RematError, ValueError):
 
 
 class InfeasibleBudgetError(RematError, ValueError):
-    """No schedule fits the budget. ``min_budget_bytes`` is the smallest budget found to work."""
+    """No schedule fits the budget. ``min_budget_bytes`` is the smallest budget found to work.
+
+    Solvers return an ``infeasible`` result rather than raising; ``SolveResult.require_fit()``
+    raises this for callers that want an exception."""
 
     def __init__(self, message: str, *, min_budget_bytes: int | None = None) -> None:
         super().__init__(message)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from remat.ir.errors import InfeasibleBudgetError
 from remat.ir.plan import Plan
 from remat.ir.simulate import Simulation
 
@@ -92,6 +93,28 @@ class SolveResult(BaseModel):
     def fits(self) -> bool:
         """A plan exists and its simulated peak is within the budget."""
         return self.status in ("optimal", "feasible") and self.plan is not None
+
+    def require_fit(self) -> SolveResult:
+        """This result, when its plan fits the budget; else raise
+        :class:`~remat.ir.InfeasibleBudgetError` carrying ``min_budget_bytes`` (the smallest
+        budget the solver found to work, None when it found none, e.g. on a timeout).
+
+        >>> from remat.ir import synthetic
+        >>> import remat
+        >>> plan = remat.solve(synthetic.chain(4), "100%", solver="none").require_fit().plan
+        """
+        if self.fits:
+            return self
+        need = (
+            f"; the smallest budget found to work is {self.min_budget_bytes} bytes"
+            if self.min_budget_bytes is not None
+            else ""
+        )
+        raise InfeasibleBudgetError(
+            f"{self.solver}: no plan fits {self.budget_bytes} bytes ({self.status}){need}"
+            + (f": {self.message}" if self.message else ""),
+            min_budget_bytes=self.min_budget_bytes,
+        )
 
     # -- shortcuts into ``figures`` (None without a plan) ------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -219,9 +219,3 @@ class SparseModel:
             return MipSolution("feasible", values, obj, None, elapsed, "CBC stopped early")
         return MipSolution("timeout", None, None, None, elapsed, pulp.LpStatus[prob.status])
 
-
-def lin(*parts: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
-    out: list[tuple[int, float]] = []
-    for p in parts:
-        out.extend(p)
-    return out

@@ -12,7 +12,7 @@ from remat.tracer import trace_capture
 
 
 def test_verify_reports_an_exact_run_of_the_chosen_plan() -> None:
-    """The lines ``remat/demo.py`` ends with, on a small GPT."""
+    """The lines ``examples/demo.py`` ends with, on a small GPT."""
     model, inputs, loss_fn = SMALL["gpt"]()
     cap = trace_capture(model, inputs, loss_fn, cost="flops")
     result = remat.solve(cap.graph, "70%", solver="checkpoint-all")

