@@ -34,7 +34,6 @@ from remat.solver.base import (
     get,
     info,
     register,
-    result_from_plan,
 )
 from remat.solver.problem import Problem, ProgressCallback
 
@@ -53,7 +52,6 @@ __all__ = [
     "get",
     "info",
     "register",
-    "result_from_plan",
     "solve",
 ]
 

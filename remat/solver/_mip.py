@@ -218,4 +218,3 @@ class SparseModel:
                 return MipSolution("optimal", values, obj, obj, elapsed)
             return MipSolution("feasible", values, obj, None, elapsed, "CBC stopped early")
         return MipSolution("timeout", None, None, None, elapsed, pulp.LpStatus[prob.status])
-

@@ -28,14 +28,13 @@ import time
 from pydantic import Field
 
 from remat.ir import Plan
-from remat.ir.result import SolveResult, best_result, speed_key
+from remat.ir.result import Progress, SolveResult, best_result, speed_key
 from remat.solver.base import SolverOptions, info, register
+from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 2000
 """Above this many nodes ``auto`` runs the LP rounding instead of the MILP."""
-
-DEFAULT_TIME_LIMIT_S = 60.0
 
 
 class AutoOptions(SolverOptions):
@@ -88,6 +87,19 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
     def run(name: str, time_limit_s: float, **options: object) -> SolveResult:
         r = info(name).run(problem.with_time_limit(time_limit_s), **options)
         results.append(r)
+        best = best_result(results)
+        fitting = best is not None and best.fits
+        problem.report(
+            Progress(
+                solver="auto",
+                phase=f"ran {name}",
+                elapsed_s=time.perf_counter() - t0,
+                time_limit_s=limit,
+                incumbent_overhead=best.overhead if best is not None and fitting else None,
+                incumbent_peak_bytes=best.peak_bytes if best is not None and fitting else None,
+                message=f"best so far from {best.solver}" if best is not None and fitting else None,
+            )
+        )
         return r
 
     quick = ["chen-greedy", "checkpoint-all", "rotor"] + (["pofo"] if offload else [])

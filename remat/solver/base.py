@@ -17,9 +17,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from remat.ir import Graph, Plan, SolverUnavailableError, simulate
+from remat.ir import Graph, SolverUnavailableError
 from remat.ir.result import SolveResult, Status
-from remat.solver.problem import Problem, baseline_time_s, result_from_simulation
+from remat.solver.problem import Problem, baseline_time_s
 
 SolverKind = Literal["baseline", "chain", "dag", "meta"]
 
@@ -38,7 +38,6 @@ __all__ = [
     "get",
     "info",
     "register",
-    "result_from_plan",
 ]
 
 
@@ -231,34 +230,3 @@ def get(name: str) -> Solver:
     run.__name__ = f"solve_{name.replace('-', '_')}"
     run.__doc__ = si.fn.__doc__
     return run
-
-
-# -- helpers for solver authors -------------------------------------------------------------------
-
-
-def result_from_plan(
-    graph: Graph,
-    budget_bytes: int,
-    plan: Plan,
-    *,
-    solver: str,
-    started: float,
-    status: Status | None = None,
-    lower_bound_s: float | None = None,
-    message: str = "",
-    host_bandwidth_bytes_per_s: float | None = None,
-) -> SolveResult:
-    """Simulate ``plan`` and wrap the simulator's figures in a :class:`SolveResult` (for code
-    without a :class:`Problem`; solvers use :meth:`Problem.result`)."""
-    sim = simulate(graph, plan, host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s)
-    return result_from_simulation(
-        graph,
-        budget_bytes,
-        plan,
-        sim,
-        solver=solver,
-        started=started,
-        status=status,
-        lower_bound_s=lower_bound_s,
-        message=message,
-    )

@@ -27,7 +27,13 @@ from remat.ir.chain import plan_from_steps
 from remat.ir.result import SolveResult, best_result
 from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import CheckmateModel, is_var
-from remat.solver.milp import Window, WindowSpec, fallback_plans, run_checkmate
+from remat.solver.milp import (
+    DEFAULT_TIME_LIMIT_S,
+    Window,
+    WindowSpec,
+    fallback_plans,
+    run_checkmate,
+)
 from remat.solver.milp_index import MilpIndex
 from remat.solver.problem import Problem
 
@@ -137,7 +143,7 @@ def solve_lp_round(
     """
     t0 = time.perf_counter()
     graph, budget_bytes = problem.graph, problem.budget_bytes
-    limit = 60.0 if problem.time_limit_s is None else problem.time_left_s()
+    limit = problem.time_left_or(DEFAULT_TIME_LIMIT_S)
     if graph.num_nodes == 0:
         return problem.result(Plan(), solver="lp-round", started=t0, lower_bound_s=0.0)
     thresholds = (0.5, 0.1, 0.25, 0.75, 0.9, 0.99)

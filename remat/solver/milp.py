@@ -260,7 +260,7 @@ def solve_milp(
     """
     t0 = time.perf_counter()
     graph, budget_bytes = problem.graph, problem.budget_bytes
-    limit = DEFAULT_TIME_LIMIT_S if problem.time_limit_s is None else problem.time_left_s()
+    limit = problem.time_left_or(DEFAULT_TIME_LIMIT_S)
     if graph.num_nodes == 0:
         return problem.result(
             Plan(),

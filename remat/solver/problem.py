@@ -159,6 +159,11 @@ class Problem:
         """Seconds until the deadline (``math.inf`` without one; negative once past it)."""
         return math.inf if self.deadline is None else self.deadline - time.monotonic()
 
+    def time_left_or(self, default_s: float) -> float:
+        """Seconds left before the deadline, or ``default_s`` when the solve has no time
+        limit (a solver's own default limit, e.g. 60 s for the MILP)."""
+        return default_s if self.deadline is None else self.time_left_s()
+
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 

@@ -45,3 +45,17 @@ def test_auto_is_the_default_solver_and_reports_infeasible_budgets() -> None:
     assert r.solver == "auto"
     z = solver.solve(g, 0)
     assert z.status == "infeasible" and z.min_budget_bytes is not None and z.min_budget_bytes > 0
+
+
+def test_auto_reports_progress_after_each_solver() -> None:
+    from remat.ir import Progress
+
+    seen: list[Progress] = []
+    g = chain(10, heterogeneous=True)
+    r = solver.solve(g, "60%", time_limit_s=20, progress=seen.append)
+    assert r.fits and seen
+    assert all(p.solver == "auto" and p.time_limit_s == 20 for p in seen)
+    assert [p.phase for p in seen][:3] == ["ran chen-greedy", "ran checkpoint-all", "ran rotor"]
+    last = seen[-1]
+    assert last.incumbent_overhead is not None and last.incumbent_overhead >= r.overhead - 1e-9  # type: ignore[operator]
+    Progress.model_validate_json(last.model_dump_json())  # JSON round trip, as a job stores it
