@@ -482,7 +482,7 @@ class _Applied:
     originals: dict[str, Any]
 
 
-def apply(
+def apply_checkpoint(
     model: nn.Module,
     result: SolveResult | Plan,
     graph: Graph | None = None,
@@ -583,9 +583,17 @@ def apply(
 
 
 def remove(model: nn.Module) -> nn.Module:
-    """Undo :func:`apply`: the model's modules run their own ``forward`` again."""
-    applied: _Applied | None = getattr(model, "_remat_applied", None)
+    """Undo ``remat.apply`` (either mode): the model's modules run their own ``forward`` again."""
+    applied = getattr(model, "_remat_applied", None)
     if applied is None:
+        return model
+    if not isinstance(applied, _Applied):  # remat.apply's op-level mode
+        original = applied.original_forward
+        if original is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = original
+        del model._remat_applied
         return model
     for path, original in applied.originals.items():
         mod = model.get_submodule(path) if path else model
@@ -599,14 +607,14 @@ def remove(model: nn.Module) -> nn.Module:
 
 def host_memory_of(model: nn.Module) -> HostMemory | None:
     """The host-memory account of a model rewritten by :func:`apply` (offloaded copies)."""
-    applied: _Applied | None = getattr(model, "_remat_applied", None)
-    return applied.host if applied is not None else None
+    applied = getattr(model, "_remat_applied", None)
+    return applied.host if isinstance(applied, _Applied) else None
 
 
 def applied_plan(model: nn.Module) -> ModulePlan | None:
     """The module-level plan applied to ``model``, if any."""
-    applied: _Applied | None = getattr(model, "_remat_applied", None)
-    return applied.plan if applied is not None else None
+    applied = getattr(model, "_remat_applied", None)
+    return applied.plan if isinstance(applied, _Applied) else None
 
 
 __all__ = [
@@ -614,7 +622,7 @@ __all__ = [
     "ModulePlan",
     "Region",
     "applied_plan",
-    "apply",
+    "apply_checkpoint",
     "host_memory_of",
     "module_plan",
     "remove",

@@ -84,9 +84,20 @@ class StepSource:
 class _CodeGen:
     """Generates the step function of one plan over one capture."""
 
-    def __init__(self, cap: Any, plan: Plan, device: torch.device, *, probe: bool = False) -> None:
+    def __init__(
+        self,
+        cap: Any,
+        plan: Plan,
+        device: torch.device,
+        *,
+        probe: bool = False,
+        cut: int | None = None,
+    ) -> None:
         self.cap = cap
         self.probe = probe
+        self.cut = cut
+        """With a cut, two functions: the plan's steps before index ``cut`` (see
+        :func:`forward_cut`) and those from it on (see :meth:`split`)."""
         self.graph: Graph = cap.graph
         self.plan = plan
         self.device = device
@@ -170,6 +181,8 @@ class _CodeGen:
         cap, graph = self.cap, self.graph
         placeholders = [n for n in cap.joint.graph.nodes if n.op == "placeholder"]
         arg_values = [cap.fx_value[p.name] for p in placeholders]
+        if self.cut is not None:  # the tangent is the backward function's argument
+            arg_values = [v for v in arg_values if v != cap.tangent_value]
         args = ", ".join(f"v_{_ident(v)}" for v in arg_values)
         out = self.lines
 
@@ -218,6 +231,8 @@ class _CodeGen:
         lines.append(f"def _remat_step({args}):")
         resident: set[str] = set()  # produced values bound to a variable now
         for i, s in enumerate(self.plan.steps):
+            if i == self.cut:
+                lines.append(_CUT)
             if s.op == "compute":
                 node = graph.node(s.id)
                 fx = cap.node_fx[s.id]
@@ -302,12 +317,45 @@ class _CodeGen:
         leaves = pytree.tree_leaves(out_node.args[0], is_leaf=lambda x: x is None)
         exprs: list[str] = []
         for (role, _name), a in zip(cap.output_roles, leaves, strict=True):
-            if role in ("loss", "grad") and isinstance(a, torch.fx.Node):
+            if role == "loss" and self.cut is not None:
+                exprs.append("None")  # returned by the forward function
+            elif role in ("loss", "grad") and isinstance(a, torch.fx.Node):
                 exprs.append(self.expr(a))
             else:
                 exprs.append("None")
         lines.append(f"    return [{', '.join(exprs)}]")
+        if self.cut is not None:
+            return self._split(lines, out_node, arg_values, exprs)
         return StepSource("\n".join(lines) + "\n", self.globals, arg_values, exprs)
+
+    def _split(
+        self, lines: list[str], out_node: torch.fx.Node, arg_values: list[str], exprs: list[str]
+    ) -> StepSource:
+        """Two functions from one generated body, cut at the marker.
+
+        ``_remat_fwd(*primals)`` runs the steps before the cut and returns the loss and a dict
+        of every variable bound at the cut (resident values, host copies, saved generator
+        states); ``_remat_bwd(env, tangent)`` takes those over (the dict is emptied, so that a
+        later ``del`` releases the storage) and runs the remaining steps.
+        """
+        k = lines.index(_CUT)
+        fwd, body = lines[:k], lines[k + 1 :]
+        leaves = pytree.tree_leaves(out_node.args[0], is_leaf=lambda x: x is None)
+        loss_fx = next(
+            a for (role, _), a in zip(self.cap.output_roles, leaves, strict=True) if role == "loss"
+        )
+        fwd.append(f"    _out = {self.expr(loss_fx)}")
+        fwd.append("    _env = dict(locals()); del _env['_out']")
+        fwd.append("    return _out, _env")
+        tangent = f"v_{_ident(self.cap.tangent_value)}"
+        names = sorted(set(re.findall(r"\b(?:v|h|e|rng)_\w+", "\n".join(fwd))) - {tangent})
+        if re.search(rf"\b{tangent}\b", "\n".join(fwd)):
+            raise ExecutorError("internal: the forward part of the plan reads the loss's gradient")
+        bwd = [f"def _remat_bwd(_env, {tangent}):"]
+        bwd += [f"    {n} = _env.pop({n!r}, None)" for n in names]
+        bwd.append("    _env.clear()")
+        source = "\n".join(fwd) + "\n\n" + "\n".join(bwd + body) + "\n"
+        return StepSource(source, self.globals, arg_values, exprs)
 
     def _replayed(self, counts: Any) -> set[str]:
         """Random nodes computed more than once: their generator state is saved and replayed."""
@@ -347,6 +395,37 @@ class _CodeGen:
 import operator  # noqa: E402
 
 _getitem = operator.getitem
+_CUT = "    # ---- forward | backward ----"
+
+
+def forward_cut(cap: Any, plan: Plan) -> int:
+    """Index of the plan's first step that needs the loss's gradient (transitively): the steps
+    before it form the forward part, run by ``forward``; the rest run in ``backward``.
+
+    Raises
+    ------
+    ExecutorError
+        When the loss is not computed before the cut (it must be returned by ``forward``).
+    """
+    graph: Graph = cap.graph
+    tainted = {cap.tangent_value}
+    needs: set[str] = set()
+    for n in graph.nodes:  # topological order
+        if any(x in tainted for x in n.inputs):
+            needs.add(n.id)
+            tainted.update(n.outputs)
+    loss_node = graph.producer_of(cap.loss_value)
+    for i, s in enumerate(plan.steps):
+        if s.op == "compute" and s.id in needs:
+            done = {t.id for t in plan.steps[:i] if t.op == "compute"}
+            if loss_node is not None and loss_node.id not in done:
+                raise ExecutorError(
+                    f"the plan computes {s.id!r}, which needs the loss's gradient, before the "
+                    f"loss ({loss_node.id!r}); remat.apply returns the loss from forward, so "
+                    "the loss must come first (use remat.compile_step for this plan)"
+                )
+            return i
+    raise ExecutorError("the plan never uses the loss's gradient: it has no backward part")
 
 
 def _get_attr(gm: torch.fx.GraphModule, target: str) -> Any:

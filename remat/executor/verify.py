@@ -195,8 +195,10 @@ def verify(
     result
         A :class:`~remat.ir.SolveResult` (or a bare :class:`~remat.ir.Plan`).
     executor
-        ``"op"`` (:func:`remat.compile_step`, runs the plan exactly) or ``"module"``
-        (:func:`remat.apply`, ``torch.utils.checkpoint`` regions and saved-tensor hooks).
+        ``"op"`` (:func:`remat.compile_step`, the closed step), ``"apply"``
+        (:func:`remat.apply`: the plan op by op inside autograd) or ``"checkpoint"`` (also
+        ``"module"``: ``remat.apply(..., mode="checkpoint")``, ``torch.utils.checkpoint``
+        regions and saved-tensor hooks).
     capture
         A capture of this step, to skip capturing again.
     seed
@@ -210,8 +212,10 @@ def verify(
         ``str(report)`` is a short table; ``report.ok()`` checks bit-exact gradients and a
         dynamic peak within 5% of the prediction.
     """
-    if executor not in ("op", "module"):
-        raise ValueError(f"executor must be 'op' or 'module', got {executor!r}")
+    if executor not in ("op", "apply", "checkpoint", "module"):
+        raise ValueError(
+            f"executor must be 'op', 'apply' or 'checkpoint' ('module'), got {executor!r}"
+        )
     plan = plan_to_run(result)
     if capture is None:
         from remat.tracer import capture as capture_fn
@@ -246,10 +250,16 @@ def verify(
         step = compile_step(run_model, inputs, loss_fn, plan, capture=capture)
         run: Callable[[], Any] = step
         host = step.host
-    else:
-        from remat.executor.module import apply, host_memory_of
+    elif executor == "apply":
+        from remat.executor.autograd import apply, planned_steps
 
-        apply(run_model, result, graph)
+        apply(run_model, result, graph, example_inputs=inputs, loss_fn=loss_fn)
+        run = _eager_step(run_model, inputs, None)  # forward returns the loss
+        host = planned_steps(run_model)[0].host
+    else:
+        from remat.executor.module import apply_checkpoint, host_memory_of
+
+        apply_checkpoint(run_model, result, graph)
         run = _eager_step(run_model, inputs, loss_fn)
         host = host_memory_of(run_model)
     if host is not None:

@@ -1,8 +1,9 @@
-"""``remat.apply`` under ``DistributedDataParallel``: two CPU processes (gloo), one step each.
+"""``remat.apply`` under ``DistributedDataParallel``: two CPU processes (gloo), two steps each.
 
 Each rank runs the same GPT (with dropout) on its own batch, once plainly and once with the plan
-applied. The all-reduced gradients must be identical on both ranks and equal, bit for bit, to
-those of plain DDP.
+applied, in both modes (op-level inside autograd, and checkpoint regions). DDP's hooks must fire
+(its all-reduce averages the ranks' gradients): the gradients must be identical on both ranks
+and equal, bit for bit, to those of plain DDP, and so must the parameters after two SGD steps.
 """
 
 from __future__ import annotations
@@ -39,16 +40,25 @@ def _worker(rank: int, init_file: str, graph_json: str, plan_json: str, out_dir:
         graph = Graph.from_json(graph_json)
         plan = Plan.model_validate_json(plan_json)
         grads = {}
-        for name, remat_it in (("plain", False), ("remat", True)):
+        for name in ("plain", "remat", "checkpoint"):
             m = copy.deepcopy(model)
-            if remat_it:
+            if name == "checkpoint":
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    remat.apply(m, plan, graph)
+                    remat.apply(m, plan, graph, mode="checkpoint")
+            elif name == "remat":
+                remat.apply(m, plan, graph, loss_fn=loss_fn)  # forward returns the loss
             ddp = DDP(m)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
             torch.manual_seed(100 + rank)
-            loss_fn(ddp(idx)).backward()
-            grads[name] = {n: p.grad.clone() for n, p in m.named_parameters()}
+            for _ in range(2):
+                opt.zero_grad()
+                out = ddp(idx)
+                (out if name == "remat" else loss_fn(out)).backward()
+                if _ == 0:
+                    grads[name] = {n: p.grad.clone() for n, p in m.named_parameters()}
+                opt.step()
+            grads[name + "-params"] = {n: p.detach().clone() for n, p in m.named_parameters()}
         torch.save(grads, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -76,10 +86,12 @@ def test_apply_under_ddp_gives_identical_gradients(tmp_path: Path) -> None:
     )
     r0 = torch.load(tmp_path / "rank0.pt")
     r1 = torch.load(tmp_path / "rank1.pt")
-    assert r0["remat"].keys() == r0["plain"].keys()
-    for name in r0["plain"]:
-        assert torch.equal(r0["remat"][name], r1["remat"][name]), f"ranks differ on {name}"
-        assert torch.equal(r0["remat"][name], r0["plain"][name]), f"remat != plain DDP on {name}"
+    for mode in ("remat", "checkpoint", "remat-params", "checkpoint-params"):
+        plain = "plain-params" if mode.endswith("params") else "plain"
+        assert r0[mode].keys() == r0[plain].keys()
+        for name in r0[plain]:
+            assert torch.equal(r0[mode][name], r1[mode][name]), f"{mode}: ranks differ on {name}"
+            assert torch.equal(r0[mode][name], r0[plain][name]), f"{mode} != plain on {name}"
     # The two ranks saw different batches: the reduction really happened.
     assert any(
         not torch.equal(r0["plain"][n], torch.zeros_like(r0["plain"][n])) for n in r0["plain"]

@@ -51,7 +51,7 @@ def test_apply_keeps_gradients_and_buffers_exact(model_name: str, solver: str) -
     run = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ModuleLevelWarning)
-        remat.apply(run, result, cap.graph)
+        remat.apply(run, result, cap.graph, mode="checkpoint")
     _eager(ref, inputs, loss_fn)
     _eager(run, inputs, loss_fn)
     for (name, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
@@ -91,7 +91,7 @@ def test_model_level_ops_are_approximated_or_refused() -> None:
 def test_apply_needs_the_graph() -> None:
     model, _, _, cap = _setup("mlp")
     with pytest.raises(ExecutorError, match="graph="):
-        remat.apply(copy.deepcopy(model), eager_plan(cap.graph))
+        remat.apply(copy.deepcopy(model), eager_plan(cap.graph), mode="checkpoint")
 
 
 def test_remove_restores_the_model() -> None:
@@ -100,7 +100,7 @@ def test_remove_restores_the_model() -> None:
     run = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ModuleLevelWarning)
-        remat.apply(run, result, cap.graph)
+        remat.apply(run, result, cap.graph, mode="checkpoint")
     assert "forward" in run.blocks[0].__dict__
     remove(run)
     assert "forward" not in run.blocks[0].__dict__
@@ -114,7 +114,7 @@ def test_apply_works_under_autocast() -> None:
     run = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ModuleLevelWarning)
-        remat.apply(run, result, cap.graph)
+        remat.apply(run, result, cap.graph, mode="checkpoint")
     for m in (ref, run):
         with torch.random.fork_rng(), torch.autocast("cpu", dtype=torch.bfloat16):
             torch.manual_seed(SEED)

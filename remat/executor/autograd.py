@@ -1,0 +1,371 @@
+"""``remat.apply(model, result)``: the plan, op by op, inside autograd.
+
+The model's ``forward`` is replaced (on the instance: parameters, buffers, ``state_dict`` and
+the module tree are untouched) by one that, in training with gradients enabled, calls a custom
+:class:`torch.autograd.Function`:
+
+* its ``forward`` runs the plan's steps up to the first one that needs the loss's gradient
+  (:func:`remat.executor.opexec.forward_cut`), keeping, freeing and offloading as the plan says,
+  and returns the loss; what is still resident (kept values, host copies, saved generator
+  states) is held by the function's context;
+* its ``backward`` receives the loss's gradient from autograd (1 for ``loss.backward()``, the
+  scale for ``GradScaler``), runs the rest of the plan (recomputations with the random numbers
+  of the first computation) and returns the parameters' gradients to autograd, which
+  accumulates them into ``.grad``: gradient accumulation, ``GradScaler`` and the hooks of
+  ``DistributedDataParallel`` work as with the unmodified model.
+
+Both halves are the op-level executor's generated code (:mod:`remat.executor.opexec`), so memory
+is the plan's from the first step: the step is captured on fake tensors (no real memory) at the
+first call, or when ``apply`` is given ``example_inputs``.
+
+The traced step decides what ``forward`` returns: for a graph traced without ``loss_fn`` the
+model's own output (the scalar loss, e.g. a model called with its labels); for one traced with
+``loss_fn``, ``loss_fn(model(...))``, the loss, which the training loop then backpropagates.
+In ``eval()`` mode, or with gradients disabled, the unmodified ``forward`` runs.
+
+Each plan holds for the input shapes it was solved for. A call with other shapes (dtypes,
+devices, non-tensor arguments or autocast state) raises :class:`ExecutorError`, or, when
+``apply`` was given ``replan``, is traced and planned once and cached per signature.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from remat.executor.hostmem import HostMemory
+from remat.executor.opexec import ExecutorError, _CodeGen, plan_to_run, forward_cut
+from remat.ir import Graph, InvalidPlanError, Plan, simulate
+from remat.ir.simulate import Simulation
+
+LossFn = Callable[[Any], torch.Tensor]
+Replan = Callable[[Graph], Any]
+
+
+@dataclass
+class PlannedStep:
+    """One plan compiled for one input signature: the two halves of the step."""
+
+    capture: Any
+    plan: Plan
+    simulation: Simulation
+    source: str
+    host: HostMemory
+    grad_index: list[int]
+    """For each primal: the index of its gradient in the backward function's results, or -1."""
+    loss_name: str
+    """Variable of the loss's storage in the forward part's environment."""
+    backward_reads_loss: bool
+    _fwd: Callable[..., Any] = field(repr=False)
+    _bwd: Callable[..., list[Any]] = field(repr=False)
+
+    @property
+    def graph(self) -> Graph:
+        graph: Graph = self.capture.graph
+        return graph
+
+
+def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
+    graph: Graph = cap.graph
+    try:
+        sim = simulate(graph, plan, host_bandwidth_bytes_per_s=math.inf)
+    except InvalidPlanError as exc:
+        raise ExecutorError(
+            f"the plan does not fit this model's traced graph ({graph.name}, "
+            f"{graph.num_nodes} nodes): {exc}. Solve on remat.trace() of the same model, inputs "
+            "and loss_fn"
+        ) from exc
+    cut = forward_cut(cap, plan)
+    gen = _CodeGen(cap, plan, device, cut=cut)
+    src = gen.generate()
+    host = HostMemory(device)
+    g = dict(src.globals)
+    g["_host"] = host
+    g["_probe"] = None
+    exec(compile(src.source, f"<remat apply {graph.name}>", "exec"), g)  # our generated source
+    from remat.executor.opexec import _ident
+
+    loss_name = f"v_{_ident(cap.loss_value)}"
+    reads_loss = any(
+        cap.loss_value in graph.node(s.id).inputs for s in plan.steps[cut:] if s.op == "compute"
+    )
+    roles = cap.output_roles
+    index_of_grad = {name: j for j, (role, name) in enumerate(roles) if role == "grad"}
+    grad_index = [
+        index_of_grad.get(n, -1) if cap.requires_grad.get(n, True) else -1 for n in cap.param_names
+    ]
+    grad_index += [-1] * (len(cap.buffer_names) + cap.num_inputs)
+    return PlannedStep(
+        capture=cap,
+        plan=plan,
+        simulation=sim,
+        source=src.source,
+        host=host,
+        grad_index=grad_index,
+        loss_name=loss_name,
+        backward_reads_loss=reads_loss,
+        _fwd=g["_remat_step"],
+        _bwd=g["_remat_bwd"],
+    )
+
+
+def _no_autocast() -> Any:
+    """The plan's ops are the traced ones (casts included): autocast must not cast again."""
+    return torch.autocast("cpu", enabled=False)
+
+
+class _PlanFunction(torch.autograd.Function):
+    """``forward``: the plan up to the loss; ``backward``: the rest, gradients to autograd."""
+
+    @staticmethod
+    def forward(ctx: Any, step: PlannedStep, *primals: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), _no_autocast():
+            loss, env = step._fwd(*primals)
+        if step.backward_reads_loss:
+            ctx.save_for_backward(env.pop(step.loss_name))
+        else:
+            env.pop(step.loss_name, None)  # the output: held by autograd, not by the context
+        ctx.step = step
+        ctx.env = env
+        return loss  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        step: PlannedStep = ctx.step
+        env = ctx.env
+        if env is None:
+            raise ExecutorError(
+                "remat.apply's planned backward runs once per forward (the plan frees what it "
+                "used): retain_graph=True and a second backward are not supported"
+            )
+        ctx.env = None
+        if step.backward_reads_loss:
+            env[step.loss_name] = ctx.saved_tensors[0]
+        if not grad.is_contiguous():
+            grad = grad.contiguous()  # traced with a contiguous tangent, as aot_autograd does
+        with torch.no_grad(), _no_autocast():
+            outs = step._bwd(env, grad)
+        grads = tuple(outs[j] if j >= 0 else None for j in step.grad_index)
+        del outs
+        return (None, *grads)
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What a plan depends on in a call: tensor shapes, dtypes, devices, the other arguments,
+    and the autocast state."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    parts: list[Any] = [str(spec)]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            parts.append((tuple(x.shape), str(x.dtype), str(x.device), bool(x.requires_grad)))
+        else:
+            parts.append(repr(x))
+    parts.append(
+        ("autocast", torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")))
+    )
+    return tuple(parts)
+
+
+def _describe(sig: tuple[Any, ...]) -> str:
+    shapes = [
+        f"{tuple(p[0])}:{p[1].removeprefix('torch.')}"
+        for p in sig
+        if isinstance(p, tuple) and len(p) == 4
+    ]
+    return ", ".join(shapes) or "no tensors"
+
+
+def _example(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The call's arguments in the form the tracer takes (a tuple, or a dict of keywords)."""
+    if args and kwargs:
+        raise ExecutorError(
+            "remat.apply's model was called with positional and keyword arguments at once; the "
+            "tracer takes either a tuple of positional arguments or a dict of keyword arguments"
+        )
+    return dict(kwargs) if kwargs else tuple(args)
+
+
+@dataclass
+class _Applied:
+    """What :func:`apply` attached to the model (``model._remat_applied``)."""
+
+    mode: str
+    result: Any
+    loss_fn: LossFn | None
+    graph: Graph | None
+    replan: Replan | None
+    original_forward: Any
+    steps: dict[tuple[Any, ...], PlannedStep] = field(default_factory=dict)
+    capturing: bool = False
+    first: tuple[Any, ...] | None = None
+    """Signature the given plan is bound to (set by the first capture)."""
+
+
+def _check_graph(expected: Graph | None, result: Any, cap: Any, sim: Simulation) -> None:
+    """The captured graph must be the one the plan was solved on (same shapes and sizes)."""
+    graph: Graph = cap.graph
+    same = expected is None or (
+        [n.id for n in expected.nodes] == [n.id for n in graph.nodes]
+        and [(v.id, v.size_bytes) for v in expected.values]
+        == [(v.id, v.size_bytes) for v in graph.values]
+    )
+    if not same:
+        assert expected is not None
+        raise ExecutorError(
+            f"this call's step ({graph.num_nodes} nodes) is not the graph the plan was "
+            f"solved on ({expected.num_nodes} nodes): trace the same model, inputs and "
+            "loss_fn"
+        )
+    figures = getattr(result, "figures", None)
+    predicted = getattr(figures, "peak_bytes", None) if figures is not None else None
+    if predicted is None and not isinstance(result, Plan):
+        predicted = getattr(result, "peak_bytes", None)
+    # With offloads the result's peak depends on the host link it was solved for.
+    offloads = sim.offload_bytes > 0
+    if isinstance(predicted, int) and not offloads and predicted != sim.peak_bytes:
+        raise ExecutorError(
+            f"the plan was solved for another step: on this call's inputs it peaks at "
+            f"{sim.peak_bytes} bytes, the result says {predicted}. Trace and solve for these "
+            "inputs"
+        )
+
+
+def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any) -> Any:
+    """Capture with the unmodified forward, outside any dispatch mode of the caller (a memory
+    tracker must not see the capture's fake tensors)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    applied.capturing = True
+    try:
+        with _disable_current_modes():
+            return fn(*args)
+    finally:
+        applied.capturing = False
+
+
+def _planned(
+    model: nn.Module, applied: _Applied, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> PlannedStep:
+    sig = _signature(args, kwargs)
+    step = applied.steps.get(sig)
+    if step is not None:
+        return step
+    from remat.tracer import capture
+
+    example = _example(args, kwargs)
+    if applied.first is None:
+        cap = _capturing(applied, capture, model, example, applied.loss_fn)
+        plan = plan_to_run(applied.result)
+        params = list(model.parameters())
+        device = params[0].device if params else torch.device("cpu")
+        step = _compile(cap, plan, device)
+        _check_graph(applied.graph, applied.result, cap, step.simulation)
+        applied.first = sig
+    elif applied.replan is not None:
+        from remat.tracer import trace_capture
+
+        cap = _capturing(applied, trace_capture, model, example, applied.loss_fn)
+        result = applied.replan(cap.graph)
+        params = list(model.parameters())
+        device = params[0].device if params else torch.device("cpu")
+        step = _compile(cap, plan_to_run(result), device)
+    else:
+        assert applied.first is not None
+        raise ExecutorError(
+            "remat.apply's plan was made for inputs "
+            f"[{_describe(applied.first)}]; this call has [{_describe(sig)}]. Trace and solve "
+            "for these inputs and apply that result, or pass replan= (e.g. "
+            "replan=lambda graph: remat.solve(graph, '50%')) to plan each new shape once"
+        )
+    applied.steps[sig] = step
+    return step
+
+
+def apply(
+    model: nn.Module,
+    result: Any,
+    graph: Graph | None = None,
+    *,
+    example_inputs: Any = None,
+    loss_fn: LossFn | None = None,
+    replan: Replan | None = None,
+    mode: str = "op",
+    strict: bool = False,
+) -> nn.Module:
+    """Make ``model``'s training forward and backward run ``result``'s plan.
+
+    ``mode="op"`` (default): op by op inside autograd (see the module docstring).
+    ``mode="checkpoint"``: the model's own modules in ``torch.utils.checkpoint`` regions
+    (:func:`remat.executor.module.apply_checkpoint`; ``strict`` is its option).
+    Returns ``model`` itself (its ``forward`` replaced on the instance);
+    :func:`remat.executor.remove` undoes it.
+
+    Parameters
+    ----------
+    model
+        The model the plan was solved for.
+    result
+        A solve result with a plan, or a :class:`~remat.ir.Plan`.
+    graph
+        The graph the plan was solved on; when given, the captured step must equal it.
+    example_inputs
+        Capture now instead of at the first call.
+    loss_fn
+        The ``loss_fn`` the graph was traced with; ``forward`` then returns the loss.
+    replan
+        ``replan(graph) -> result``, called once per new input signature.
+    """
+    from remat.executor.module import apply_checkpoint, remove
+
+    if mode == "checkpoint":
+        return apply_checkpoint(
+            model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn, strict=strict
+        )
+    if mode != "op":
+        raise ValueError(f"mode must be 'op' or 'checkpoint', got {mode!r}")
+    plan_to_run(result)
+
+    if getattr(model, "_remat_applied", None) is not None:
+        remove(model)
+    original = model.__dict__.get("forward")
+    unmodified = model.forward
+    applied = _Applied("op", result, loss_fn, graph, replan, original)
+
+    @functools.wraps(unmodified)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if applied.capturing or not (model.training and torch.is_grad_enabled()):
+            return unmodified(*args, **kwargs)
+        step = _planned(model, applied, args, kwargs)
+        primals = step.capture.primals(model, _example(args, kwargs))
+        return _PlanFunction.apply(step, *primals)
+
+    if example_inputs is not None:
+        args_, kwargs_ = (
+            ((), dict(example_inputs))
+            if isinstance(example_inputs, dict)
+            else (tuple(example_inputs), {})
+            if isinstance(example_inputs, (tuple, list))
+            else ((example_inputs,), {})
+        )
+        _planned(model, applied, args_, kwargs_)
+    model.forward = forward
+    model._remat_applied = applied  # type: ignore[assignment]
+    return model
+
+
+def planned_steps(model: nn.Module) -> list[PlannedStep]:
+    """The compiled steps of a model given to :func:`apply` (one per input signature)."""
+    applied = getattr(model, "_remat_applied", None)
+    if not isinstance(applied, _Applied):
+        return []
+    return list(applied.steps.values())
+
+
+__all__ = ["PlannedStep", "apply", "planned_steps"]
