@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from remat.executor.hostmem import HostMemory
-from remat.executor.opexec import ExecutorError, _CodeGen, plan_to_run, forward_cut
+from remat.executor.opexec import ExecutorError, _CodeGen, forward_cut, plan_to_run
 from remat.ir import Graph, InvalidPlanError, Plan, simulate
 from remat.ir.simulate import Simulation
 
@@ -206,6 +206,8 @@ class _Applied:
     capturing: bool = False
     first: tuple[Any, ...] | None = None
     """Signature the given plan is bound to (set by the first capture)."""
+    capture: Any = None
+    """A capture given to :func:`apply`, used for the first signature."""
 
 
 def _check_graph(expected: Graph | None, result: Any, cap: Any, sim: Simulation) -> None:
@@ -261,7 +263,10 @@ def _planned(
 
     example = _example(args, kwargs)
     if applied.first is None:
-        cap = _capturing(applied, capture, model, example, applied.loss_fn)
+        cap = applied.capture
+        applied.capture = None
+        if cap is None:
+            cap = _capturing(applied, capture, model, example, applied.loss_fn)
         plan = plan_to_run(applied.result)
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
@@ -298,6 +303,7 @@ def apply(
     replan: Replan | None = None,
     mode: str = "op",
     strict: bool = False,
+    capture: Any = None,
 ) -> nn.Module:
     """Make ``model``'s training forward and backward run ``result``'s plan.
 
@@ -321,6 +327,9 @@ def apply(
         The ``loss_fn`` the graph was traced with; ``forward`` then returns the loss.
     replan
         ``replan(graph) -> result``, called once per new input signature.
+    capture
+        A :class:`remat.tracer.Capture` of this step (with ``example_inputs``), to skip
+        capturing again.
     """
     from remat.executor.module import apply_checkpoint, remove
 
@@ -337,6 +346,10 @@ def apply(
     original = model.__dict__.get("forward")
     unmodified = model.forward
     applied = _Applied("op", result, loss_fn, graph, replan, original)
+    if capture is not None:
+        if example_inputs is None:
+            raise ValueError("apply(capture=...) needs the example_inputs it was captured with")
+        applied.capture = capture
 
     @functools.wraps(unmodified)
     def forward(*args: Any, **kwargs: Any) -> Any:

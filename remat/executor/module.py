@@ -1,27 +1,21 @@
-"""The module-level executor: ``remat.apply(model, result, graph)`` rewrites a model in place.
+"""``remat.apply(model, result, mode="checkpoint")``: the model's own modules in checkpoint regions.
 
 An ordinary eager training loop (optimizer, ``torch.autocast``, ``DistributedDataParallel``) keeps
-working: the model's own modules run, with
+working: the model's own modules run, with a non-reentrant ``torch.utils.checkpoint`` region
+around each block (``remat.ir.block_key`` of the module path: ``blocks.3``, ``layers.0``) in
+which the plan recomputes something, and a selective-checkpoint policy per ATen op: ops whose
+result the plan keeps for the backward pass are saved (``MUST_SAVE``), the others are
+recomputed. Ops are matched to the graph's nodes by their order inside the block and their name
+(in-place and functional forms of an op match). Random ops recompute with the generator state
+of their first run (``checkpoint`` preserves it), so dropout masks are the same. A region whose
+module writes into its input in place (``nn.Dropout(inplace=True)``) gets a copy of it, since
+the checkpoint holds the input to recompute from.
 
-* a non-reentrant ``torch.utils.checkpoint`` region around each block (``remat.ir.block_key`` of
-  the module path: ``blocks.3``, ``layers.0``, ``drop``) in which the plan recomputes something,
-  with a selective-checkpoint policy per ATen op: ops whose result the plan keeps for the
-  backward pass are saved (``MUST_SAVE``), the others are recomputed. Ops are matched to the
-  graph's nodes by their order inside the block and their name (in-place and functional forms of
-  an op match). Ops with side effects (batch norm's running statistics) are always saved, so a
-  recomputation never updates a buffer twice. Random ops recompute with the generator state of
-  their first run (``checkpoint`` preserves it), so dropout masks are the same.
-* ``torch.autograd.graph.saved_tensors_hooks`` around the whole forward for offloaded values: a
-  saved tensor whose storage the plan offloads is copied to host memory when it is saved and
-  copied back when the backward pass unpacks it (one copy per storage).
-
-What a plan asks that module-level code cannot do raises :class:`~remat.executor.ExecutorError`
-pointing to the op-level executor (:func:`remat.compile_step`), which runs any plan exactly:
-recomputing an op of the model's own ``forward`` (not inside a submodule), recomputing an op more
-than once, offloading a value saved inside a checkpointed block. The memory of a module-level
-step follows ``torch.utils.checkpoint`` (a block is recomputed at once, when the backward pass
-first needs it), so it approximates the plan's; ``remat.verify(..., executor="module")`` measures
-how closely.
+Only plans of the checkpoint class run (:mod:`remat.ir.checkpoint_class`: what such regions
+do, written as a plan, so the simulator predicts this executor exactly;
+``remat.solve(..., executor="checkpoint")`` solves for it). Any other plan is refused with the
+difference, pointing to the op-level ``remat.apply(model, result)``, which runs every plan.
+:func:`module_plan` still describes how an arbitrary plan maps to module-level regions.
 """
 
 from __future__ import annotations
@@ -29,14 +23,13 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -45,7 +38,7 @@ from torch.utils.checkpoint import (
 
 from remat.executor.hostmem import HostMemory
 from remat.executor.opexec import ExecutorError, plan_to_run
-from remat.ir import Graph, Plan, SolveResult, simulate
+from remat.ir import Graph, InvalidPlanError, Plan, SolveResult, simulate
 from remat.ir.cuts import block_key
 
 _OP_OOP = "use remat.compile_step(model, example_inputs, loss_fn, result) (the op-level executor)"
@@ -336,82 +329,6 @@ def _policy_for(graph: Graph, region: Region) -> Callable[[], Any]:
     return context_fn
 
 
-class _Tagger(TorchDispatchMode):
-    """Names the storages a forward pass makes with their graph value ids (for offloading)."""
-
-    def __init__(self, graph: Graph) -> None:
-        super().__init__()
-        self.graph = graph
-        self.matcher = _Matcher(graph, tuple(n.id for n in graph.forward_nodes))
-        self.value_of: dict[int, str] = {}  # id(storage) -> value id, while alive
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        node = self.matcher.match(func)
-        if node is not None:
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            todo = list(self.graph.node(node).outputs)
-            for t in outs:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                for vid in todo:
-                    v = self.graph.value(vid)
-                    if v.shape is not None and tuple(v.shape) == tuple(t.shape):
-                        todo.remove(vid)
-                        st = t.untyped_storage()
-                        self.value_of[id(st)] = vid
-                        weakref.finalize(st, self.value_of.pop, id(st), None)
-                        break
-        return out
-
-
-class _Offloader:
-    """saved_tensors_hooks that move the saved tensors of offloaded values to host memory.
-
-    One host copy per storage, shared by every saved tensor (view) of it; the first unpack in
-    the backward pass brings it back, and later unpacks of the same storage share that copy
-    while it is alive.
-    """
-
-    def __init__(self, host: HostMemory, offload: frozenset[str]) -> None:
-        self.host = host
-        self.offload = offload
-        self.tagger: _Tagger | None = None
-        # id(storage) -> (weak reference to that storage, shared box); the reference tells a
-        # live entry from one whose storage died and whose id was reused.
-        self._boxes: dict[int, tuple[Any, dict[str, Any]]] = {}
-
-    def pack(self, t: torch.Tensor) -> Any:
-        tagger = self.tagger
-        if tagger is None or t.device.type == "meta":
-            return t
-        st = t.untyped_storage()
-        vid = tagger.value_of.get(id(st))
-        if vid is None or vid not in self.offload:
-            return t
-        entry = self._boxes.get(id(st))
-        box = entry[1] if entry is not None and entry[0]() is st else None
-        if box is None:
-            base = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
-            box = {"host": self.host.offload(base), "device": None}
-            self._boxes[id(st)] = (weakref.ref(st), box)
-        return (box, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-
-    def unpack(self, packed: Any) -> torch.Tensor:
-        if isinstance(packed, torch.Tensor):
-            return packed
-        box, dtype, offset, shape, stride = packed
-        storage = box["device"]() if box["device"] is not None else None
-        if storage is None:
-            dev, event = self.host.prefetch(box["host"])
-            if event is not None:
-                torch.cuda.current_stream().wait_event(event)
-            storage = dev.untyped_storage()
-            box["device"] = weakref.ref(storage)
-        out = torch.empty(0, dtype=dtype, device=storage.device)
-        return out.set_(storage, offset, shape, stride)
-
-
 def _checkpointed(
     forward: Callable[..., Any], context_fn: Callable[[], Any], buffers: list[torch.Tensor]
 ) -> Callable[..., Any]:
@@ -443,36 +360,18 @@ def _checkpointed(
     return run
 
 
-def _sequential_forward(seq: nn.Sequential, graph: Graph, runs: list[Region]) -> Any:
-    """``seq``'s forward with each run of children in one checkpoint region."""
-    children = list(seq)
-    starts: dict[int, tuple[int, Callable[..., Any]]] = {}
-    for r in runs:
-        assert r.span is not None
-        a, b = r.span
-        members = children[a:b]
+def _cloning_inputs(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """For a region whose module writes into its input (``nn.Dropout(inplace=True)``): the
+    checkpoint holds the input to recompute from, so the in-place op inside the region gets a
+    copy. The graph (functionalized) counts that copy already: its output is a new value."""
 
-        def run_children(x: Any, members: list[nn.Module] = members) -> Any:
-            for m in members:
-                x = m(x)
-            return x
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        return forward(*args, **kwargs)
 
-        buffers = [t for m in members for t in m.buffers()]
-        starts[a] = (b, _checkpointed(run_children, _policy_for(graph, r), buffers))
-
-    def forward(x: Any) -> Any:
-        k = 0
-        while k < len(children):
-            if k in starts:
-                stop, fn = starts[k]
-                x = fn(x)
-                k = stop
-            else:
-                x = children[k](x)
-                k += 1
-        return x
-
-    return forward
+    return run
 
 
 @dataclass
@@ -529,17 +428,28 @@ def apply_checkpoint(
         graph = capture(model, example_inputs, loss_fn).graph
     if getattr(model, "_remat_applied", None) is not None:
         remove(model)
-    sequences = {
-        name: [f"{name}.{child}" if name else child for child, _ in mod.named_children()]
-        for name, mod in model.named_modules()
-        if isinstance(mod, nn.Sequential)
-    }
-    mplan = module_plan(graph, plan, strict=strict, sequences=sequences)
+    from remat.ir import checkpoint_class
+
+    try:
+        simulate(graph, plan)
+    except InvalidPlanError as exc:
+        raise ExecutorError(f"the plan does not fit the graph {graph.name!r}: {exc}") from exc
+    why = checkpoint_class.why_not(graph, plan)
+    if why is not None:
+        raise ExecutorError(
+            "remat.apply(mode='checkpoint') runs only plans of its class, and this one is not: "
+            f"{why}. Solve for it with remat.solve(graph, budget, executor='checkpoint'), or "
+            "run this plan with remat.apply(model, result) (op-level, any plan)"
+        )
+    regions = []
+    for r in checkpoint_class.regions_of(graph, plan):
+        keep = checkpoint_class.cached(graph, r)
+        regions.append(Region(r.path, r.nodes, keep, frozenset(r.nodes) - keep))
+    mplan = ModulePlan(regions, frozenset(), graph)
     params = list(model.parameters())
     device = params[0].device if params else torch.device("cpu")
     host = HostMemory(device)
     originals: dict[str, Any] = {}
-    spans: dict[str, list[Region]] = {}
     for region in mplan.regions:
         try:
             mod = model.get_submodule(region.path)
@@ -548,36 +458,9 @@ def apply_checkpoint(
                 f"the plan's block {region.path!r} is not a submodule of this model: was the "
                 f"graph traced from it? ({exc})"
             ) from exc
-        if region.span is not None:
-            spans.setdefault(region.path, []).append(region)
-            continue
         originals[region.path] = mod.__dict__.get("forward")
-        mod.forward = _checkpointed(mod.forward, _policy_for(graph, region), list(mod.buffers()))
-    for path, runs in spans.items():
-        seq = model.get_submodule(path)
-        assert isinstance(seq, nn.Sequential)
-        originals[path] = seq.__dict__.get("forward")
-        seq.forward = _sequential_forward(seq, graph, runs)
-    if mplan.offload:
-        offloader = _Offloader(host, mplan.offload)
-        root_forward = model.forward
-        originals[""] = model.__dict__.get("forward")
-
-        @functools.wraps(root_forward)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled():
-                return root_forward(*args, **kwargs)
-            offloader.tagger = _Tagger(graph)
-            try:
-                with (
-                    offloader.tagger,
-                    torch.autograd.graph.saved_tensors_hooks(offloader.pack, offloader.unpack),
-                ):
-                    return root_forward(*args, **kwargs)
-            finally:
-                offloader.tagger = None
-
-        model.forward = forward
+        fwd = _cloning_inputs(mod.forward) if getattr(mod, "inplace", False) else mod.forward
+        mod.forward = _checkpointed(fwd, _policy_for(graph, region), list(mod.buffers()))
     model._remat_applied = _Applied(mplan, host, originals)  # type: ignore[assignment]
     return model
 

@@ -63,6 +63,7 @@ def solve(
     solver: str | None = None,
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
+    executor: str = "op",
     **options: Any,
 ) -> SolveResult:
     """Solve ``graph`` under ``budget`` (bytes, ``"12GiB"``, ``"70%"`` or a fraction of the
@@ -70,9 +71,18 @@ def solve(
 
     The budget is parsed once and the :class:`Problem` built once, after the options were
     checked. ``progress`` receives :class:`Progress` reports from solvers that make them. The
-    default solver is :func:`default_solver` (``auto`` when it is registered).
+    default solver is :func:`default_solver` (``auto`` when it is registered). With
+    ``executor="checkpoint"`` the plan is one that ``remat.apply(..., mode="checkpoint")`` runs
+    exactly (:mod:`remat.ir.checkpoint_class`, seeded with the solver's plan).
     """
+    if executor not in ("op", "checkpoint"):
+        raise ValueError(f"executor must be 'op' or 'checkpoint', got {executor!r}")
     si = info(solver or default_solver())
     checked = si.check_options(options)
     problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
-    return si.fn(problem, **checked)
+    result = si.fn(problem, **checked)
+    if executor == "checkpoint":
+        from remat.solver.checkpoint import restrict
+
+        result = restrict(problem, result)
+    return result

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import remat
-from remat.ir import Graph, Plan
+from remat.ir import Graph, Plan, checkpoint_class
 
 WORLD = 2
 
@@ -45,7 +45,7 @@ def _worker(rank: int, init_file: str, graph_json: str, plan_json: str, out_dir:
             if name == "checkpoint":
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    remat.apply(m, plan, graph, mode="checkpoint")
+                    remat.apply(m, checkpoint_class.project(graph, plan), graph, mode="checkpoint")
             elif name == "remat":
                 remat.apply(m, plan, graph, loss_fn=loss_fn)  # forward returns the loss
             ddp = DDP(m)

@@ -1,0 +1,390 @@
+"""The class of plans that ``remat.apply(model, result, mode="checkpoint")`` runs exactly.
+
+That executor wraps blocks of the model (module subtrees: ``remat.ir.block_key`` of the module
+paths, e.g. ``layers.3``) in non-reentrant ``torch.utils.checkpoint`` regions with a selective
+policy: ops of the region whose outputs the plan keeps are saved (``MUST_SAVE``), the others are
+recomputed. What PyTorch then does, and what :func:`checkpoint_plan` writes down as a plan:
+
+* forward: every node once, in graph order; a value made by a recomputed node of a region is
+  freed after its last forward use; the region's inputs (values from outside that its
+  recomputed nodes read) are held by the checkpoint until the region's backward is done;
+* backward: the first backward node of a region that reads anything saved inside it (a value
+  of the region, a region input or a parameter) triggers the region's recomputation, at once:
+  its recomputed nodes, in order, up to the last one that makes or reads a value the region's
+  backward reads, as far as the graph tells (an op of a module whose backward reads the op's
+  inputs or outputs; PyTorch stops the recomputation early there); each recomputed value lives
+  until its last use; saved values (cached by the policy) are not recomputed, and those after
+  the point where the recomputation stops stay cached until the region's backward is done.
+
+A plan is *in the class* when it equals the plan of its own regions (:func:`regions_of`, then
+:func:`checkpoint_plan`); :func:`project` maps any plan into the class, and :func:`fit` searches
+the class for a plan under a budget (``remat.solve(..., executor="checkpoint")`` uses it),
+so that the simulator's figures are what the checkpoint
+executor does.
+
+Limits, by construction: a region's recomputed values must stay inside it (read only by its
+own forward and backward nodes; a value another module reads is saved), ops without a module
+(the model's own ``forward``, the loss) are never recomputed, nothing is recomputed twice, and
+offloading is not part of the class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from remat.ir.cuts import block_key
+from remat.ir.graph import Graph
+from remat.ir.plan import Plan, Step
+from remat.ir.simulate import Simulation, simulate
+
+
+@dataclass(frozen=True)
+class Region:
+    """One checkpointed block: its path, its forward nodes, and the nodes it saves."""
+
+    path: str
+    nodes: tuple[str, ...]
+    """The block's forward nodes, in graph order."""
+    save: frozenset[str]
+    """Nodes whose outputs are kept (``MUST_SAVE``); every other node may be recomputed."""
+
+
+def _bwd_block(graph: Graph) -> dict[str, str]:
+    return {n.id: block_key(n.module) if n.module else "" for n in graph.nodes}
+
+
+def blocks(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """Forward nodes per block (module subtree), in graph order; the root ("") excluded."""
+    out: dict[str, list[str]] = {}
+    for n in graph.forward_nodes:
+        if n.module:
+            out.setdefault(block_key(n.module), []).append(n.id)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def forced_saves(graph: Graph, path: str, nodes: Iterable[str]) -> frozenset[str]:
+    """Nodes of a region that must be saved: not recomputable (side effects), or with an output
+    that something outside the region reads (its recomputation would make a second copy)."""
+    block = _bwd_block(graph)
+    members = set(nodes)
+    out: set[str] = set()
+    for nid in members:
+        n = graph.node(nid)
+        if not n.recomputable or any(graph.is_required(o) for o in n.outputs):
+            out.add(nid)
+            continue
+        for o in n.outputs:
+            for c in graph.consumers_of(o):
+                inside = c.id in members if c.phase == "forward" else block[c.id] == path
+                if not inside:
+                    out.add(nid)
+    return frozenset(out)
+
+
+def region(graph: Graph, path: str, save: Iterable[str] = ()) -> Region:
+    """The region of block ``path`` saving ``save`` (plus its forced saves)."""
+    nodes = blocks(graph).get(path)
+    if nodes is None:
+        raise ValueError(f"no forward node of the graph belongs to block {path!r}")
+    keep = (set(save) & set(nodes)) | forced_saves(graph, path, nodes)
+    return Region(path, nodes, frozenset(keep))
+
+
+def cached(graph: Graph, r: Region) -> frozenset[str]:
+    """The saved nodes whose outputs the policy caches: those the backward pass reads (the
+    others' outputs are freed after the forward and made again if the recomputation passes)."""
+    bwd_reads = {x for n in graph.backward_nodes for x in n.inputs}
+    return frozenset(nid for nid in r.save if any(o in bwd_reads for o in graph.node(nid).outputs))
+
+
+def admissible(graph: Graph, path: str) -> bool:
+    """Whether block ``path`` can be a region: no op with side effects (batch norm updates
+    its running statistics in place; the checkpoint would run it again)."""
+    return all(graph.node(nid).recomputable for nid in blocks(graph).get(path, ()))
+
+
+def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
+    """The plan that checkpoint regions execute (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        When a region is not :func:`admissible`.
+    """
+    given = list(regions)
+    for r in given:
+        if not admissible(graph, r.path):
+            raise ValueError(
+                f"block {r.path!r} has ops with side effects (batch norm) and cannot be a "
+                "checkpoint region"
+            )
+    regs = [r for r in given if set(r.nodes) - r.save]
+    nodes = graph.nodes
+    block = _bwd_block(graph)
+    keep_of = {r.path: cached(graph, r) for r in regs}
+    region_of: dict[str, Region] = {}
+    for r in regs:
+        for nid in r.nodes:
+            if nid not in keep_of[r.path]:
+                region_of[nid] = r
+    dropped = {o for nid in region_of for o in graph.node(nid).outputs}
+
+    def freeable(v: str) -> bool:
+        val = graph.value(v)
+        return val.kind != "input" and not graph.is_static(v) and not graph.is_required(v)
+
+    last_fwd: dict[str, int] = {}
+    last_bwd: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for x in n.inputs:
+            (last_fwd if n.phase == "forward" else last_bwd)[x] = i
+
+    # Per region: the backward node that triggers its recomputation, the recomputed nodes, and
+    # the end of its backward (when the checkpoint releases its inputs).
+    trigger: dict[int, Region] = {}
+    plan_of: dict[str, list[str]] = {}
+    hold: dict[str, int] = {}
+    for r in regs:
+        members = set(r.nodes)
+        made = {o for nid in r.nodes for o in graph.node(nid).outputs}
+        bwd = [i for i, n in enumerate(nodes) if n.phase == "backward" and block[n.id] == r.path]
+        reads = {x for i in bwd for x in nodes[i].inputs}
+        packed = [
+            i
+            for i in bwd
+            if any(
+                graph.producer_of(x) is None or graph.producer_of(x).phase == "forward"  # type: ignore[union-attr]
+                for x in nodes[i].inputs
+            )
+        ]
+        needed = reads & {
+            o for nid in region_of if region_of[nid] is r for o in graph.node(nid).outputs
+        }
+        if not packed or not needed:
+            continue
+        # An op saves tensors for its backward when a backward node of its own module reads
+        # one of its inputs or outputs; the recomputation stops after the last such op.
+        reads_by_module: dict[str, set[str]] = {}
+        for i in bwd:
+            reads_by_module.setdefault(nodes[i].module, set()).update(nodes[i].inputs)
+        stop = max(
+            (
+                k
+                for k, nid in enumerate(r.nodes)
+                if (set(graph.node(nid).outputs) | set(graph.node(nid).inputs))
+                & reads_by_module.get(graph.node(nid).module, set())
+            ),
+            default=-1,
+        )
+        if stop < 0:
+            continue
+        todo = [nid for nid in r.nodes[: stop + 1] if nid not in keep_of[r.path]]
+        trigger[packed[0]] = r
+        plan_of[r.path] = todo
+        # The checkpoint's frame (region inputs, the policy's cache) lives until the last
+        # backward node holding one of the region's saved tensors has run.
+        end = packed[-1]
+        for nid in todo:
+            for x in graph.node(nid).inputs:
+                src = graph.producer_of(x)
+                if src is not None and src.id in members and x in made:
+                    continue
+                if freeable(x):
+                    hold[x] = max(hold.get(x, -1), end)
+        for nid in r.nodes[stop + 1 :]:
+            # A cached output that the early-stopped recomputation never reaches stays in the
+            # policy's cache until the frame goes.
+            if nid in keep_of[r.path]:
+                for o in graph.node(nid).outputs:
+                    if freeable(o):
+                        hold[o] = max(hold.get(o, -1), end)
+
+    steps: list[Step] = []
+    resident: set[str] = set()
+
+    def free(v: str) -> None:
+        resident.discard(v)
+        steps.append(Step(op="free", id=v))
+
+    def live_after(v: str, i: int, *, recomputed: bool) -> bool:
+        if graph.is_required(v) or last_fwd.get(v, -1) > i or hold.get(v, -1) > i:
+            return True
+        if v in dropped and not recomputed:
+            return False  # dropped after the forward: the recomputation makes it again
+        return last_bwd.get(v, -1) > i
+
+    for i, n in enumerate(nodes):
+        if n.phase == "backward" and i in trigger:
+            r = trigger[i]
+            todo = plan_of[r.path]
+            reads_left: dict[str, int] = {}
+            for nid in todo:
+                for x in graph.node(nid).inputs:
+                    reads_left[x] = reads_left.get(x, 0) + 1
+            for nid in todo:
+                node = graph.node(nid)
+                steps.append(Step(op="compute", id=nid))
+                resident.update(o for o in node.outputs if freeable(o))
+                for x in node.inputs:
+                    reads_left[x] -= 1
+                for v in (*node.inputs, *node.outputs):
+                    done = v in resident and reads_left.get(v, 0) <= 0
+                    if done and not live_after(v, i - 1, recomputed=True):
+                        free(v)
+        steps.append(Step(op="compute", id=n.id))
+        resident.update(o for o in n.outputs if freeable(o))
+        rec = n.phase == "backward"
+        for v in (*n.inputs, *n.outputs):
+            if v in resident and not live_after(v, i, recomputed=rec):
+                free(v)
+        for v in [h for h, at in hold.items() if at == i and h in resident]:
+            if not live_after(v, i, recomputed=rec):
+                free(v)
+    return Plan(steps=tuple(steps))
+
+
+def regions_of(graph: Graph, plan: Plan) -> list[Region]:
+    """The regions a plan asks for: each block with a recomputed forward node, saving the nodes
+    that the plan does not recompute (and the forced saves)."""
+    counts = plan.compute_counts()
+    out: list[Region] = []
+    for path, nodes in blocks(graph).items():
+        recomputed = {nid for nid in nodes if counts.get(nid, 0) > 1}
+        if recomputed and admissible(graph, path):
+            out.append(region(graph, path, set(nodes) - recomputed))
+    return out
+
+
+def project(graph: Graph, plan: Plan) -> Plan:
+    """The plan of the class closest to ``plan``: the checkpoint plan of its regions."""
+    return checkpoint_plan(graph, regions_of(graph, plan))
+
+
+def _normal(plan: Plan) -> list[tuple[str, frozenset[str]]]:
+    """Each compute with the set of frees that follow it (their order does not matter: memory
+    is read at computes)."""
+    out: list[tuple[str, set[str]]] = [("", set())]
+    for s in plan.steps:
+        if s.op == "compute":
+            out.append((s.id, set()))
+        else:
+            out[-1][1].add(f"{s.op}:{s.id}")
+    return [(c, frozenset(f)) for c, f in out]
+
+
+def why_not(graph: Graph, plan: Plan) -> str | None:
+    """None when ``plan`` is in the class, else the first difference, for an error message."""
+    if any(s.op in ("offload", "prefetch") for s in plan.steps):
+        return "it offloads values (the checkpoint executor does not offload)"
+    mine, theirs = _normal(plan), _normal(project(graph, plan))
+    for (a, fa), (b, fb) in zip(mine, theirs, strict=False):
+        if a != b:
+            return (
+                f"it computes {a!r} where checkpoint regions compute {b!r} (a region is "
+                "recomputed whole at its first use in the backward pass)"
+            )
+        if fa != fb:
+            return (
+                f"after computing {a!r} it releases {sorted(fa ^ fb)[:3]} differently from "
+                "checkpoint regions"
+            )
+    if len(mine) != len(theirs):
+        return f"it has {len(mine) - 1} computes, its checkpoint regions {len(theirs) - 1}"
+    return None
+
+
+def in_class(graph: Graph, plan: Plan) -> bool:
+    """Whether the checkpoint executor runs ``plan`` as it is (same computes, same frees
+    between them)."""
+    return why_not(graph, plan) is None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A plan of the class and its simulation."""
+
+    plan: Plan
+    simulation: Simulation
+    regions: tuple[Region, ...]
+
+
+def fit(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    seeds: Iterable[Plan] = (),
+    host_bandwidth_bytes_per_s: float | None = None,
+) -> Fit:
+    """The fastest plan of the class found within ``budget_bytes`` (or the smallest peak).
+
+    Candidates: the projections of ``seeds`` (other solvers' plans), then a greedy search over
+    blocks: starting from no region, add the block whose region (every node recomputed that
+    may be) lowers the simulated peak the most per second of recomputation, until the plan
+    fits. Every candidate is judged by the simulator.
+    """
+    bw = host_bandwidth_bytes_per_s
+
+    def judge(regs: list[Region]) -> Fit:
+        p = checkpoint_plan(graph, regs)
+        return Fit(p, simulate(graph, p, host_bandwidth_bytes_per_s=bw), tuple(regs))
+
+    def better(a: Fit, b: Fit | None) -> bool:
+        if b is None:
+            return True
+        fa, fb = a.simulation.peak_bytes <= budget_bytes, b.simulation.peak_bytes <= budget_bytes
+        if fa != fb:
+            return fa
+        if fa:
+            return a.simulation.total_time_s < b.simulation.total_time_s
+        return a.simulation.peak_bytes < b.simulation.peak_bytes
+
+    best: Fit | None = None
+    for s in seeds:
+        cand = judge(regions_of(graph, s))
+        if better(cand, best):
+            best = cand
+    chosen: list[Region] = []
+    current = judge(chosen)
+    if better(current, best):
+        best = current
+    options: Mapping[str, Region] = {
+        path: region(graph, path) for path in blocks(graph) if admissible(graph, path)
+    }
+    options = {p: r for p, r in options.items() if set(r.nodes) - r.save}
+    while current.simulation.peak_bytes > budget_bytes and options:
+        scored: list[tuple[float, str, Fit]] = []
+        for path, r in options.items():
+            cand = judge([*chosen, r])
+            gain = current.simulation.peak_bytes - cand.simulation.peak_bytes
+            cost = max(cand.simulation.total_time_s - current.simulation.total_time_s, 1e-12)
+            scored.append((gain / cost, path, cand))
+        score, path, cand = max(scored, key=lambda t: t[0])
+        if score <= 0:
+            # No single block lowers the peak: take the one that recomputes the most.
+            path, cand = min(
+                ((p, f) for _, p, f in scored), key=lambda t: t[1].simulation.peak_bytes
+            )
+        chosen.append(options.pop(path))
+        current = cand
+        if better(current, best):
+            best = current
+    assert best is not None
+    return best
+
+
+__all__ = [
+    "Fit",
+    "Region",
+    "admissible",
+    "blocks",
+    "cached",
+    "checkpoint_plan",
+    "fit",
+    "forced_saves",
+    "in_class",
+    "project",
+    "region",
+    "regions_of",
+    "why_not",
+]

@@ -1,0 +1,29 @@
+"""``remat.solve(..., executor="checkpoint")``: a solver's plan brought into the class of plans
+that the checkpoint-region executor runs exactly (:mod:`remat.ir.checkpoint_class`)."""
+
+from __future__ import annotations
+
+import time
+
+from remat.ir import Plan, SolveResult
+from remat.ir.checkpoint_class import fit
+from remat.solver.problem import Problem
+
+
+def restrict(problem: Problem, result: SolveResult) -> SolveResult:
+    """``result`` brought into the checkpoint class: the best of :func:`fit` seeded with its
+    plan, as a result of the same solver (``"<solver>+checkpoint"``), the simulator's figures.
+    """
+    started = time.perf_counter() - (result.solve_time_s or 0.0)
+    seeds: list[Plan] = [result.plan] if result.plan is not None else []
+    found = fit(problem.graph, problem.budget_bytes, seeds=seeds)
+    paths = ", ".join(r.path for r in found.regions) or "none"
+    return problem.result(
+        found.plan,
+        solver=f"{result.solver}+checkpoint",
+        started=started,
+        message=f"checkpoint regions: {paths}",
+    )
+
+
+__all__ = ["restrict"]
