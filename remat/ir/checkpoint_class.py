@@ -13,8 +13,9 @@ recomputed. What PyTorch then does, and what :func:`checkpoint_plan` writes down
   its recomputed nodes, in order, up to the last one that makes or reads a value the region's
   backward reads, as far as the graph tells (an op of a module whose backward reads the op's
   inputs or outputs; PyTorch stops the recomputation early there); each recomputed value lives
-  until its last use; saved values (cached by the policy) are not recomputed, and those after
-  the point where the recomputation stops stay cached until the region's backward is done.
+  until its last use; saved values (cached by the policy) are not recomputed: the cache holds
+  each until the recomputation takes it, or, past the point where it stops, until the
+  region's backward is done.
 
 A plan is *in the class* when it equals the plan of its own regions (:func:`regions_of`, then
 :func:`checkpoint_plan`); :func:`project` maps any plan into the class, and :func:`fit` searches
@@ -100,8 +101,13 @@ def cached(graph: Graph, r: Region) -> frozenset[str]:
 
 def admissible(graph: Graph, path: str) -> bool:
     """Whether block ``path`` can be a region: no op with side effects (batch norm updates
-    its running statistics in place; the checkpoint would run it again)."""
-    return all(graph.node(nid).recomputable for nid in blocks(graph).get(path, ()))
+    its running statistics in place; the checkpoint would run it again), and no other block
+    inside its module (``bert`` holds ``bert.encoder.layer.0``: wrapping it would checkpoint
+    those too)."""
+    all_blocks = blocks(graph)
+    if any(other.startswith(path + ".") for other in all_blocks):
+        return False
+    return all(graph.node(nid).recomputable for nid in all_blocks.get(path, ()))
 
 
 def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
@@ -116,8 +122,8 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
     for r in given:
         if not admissible(graph, r.path):
             raise ValueError(
-                f"block {r.path!r} has ops with side effects (batch norm) and cannot be a "
-                "checkpoint region"
+                f"block {r.path!r} cannot be a checkpoint region: it has ops with side effects "
+                "(batch norm) or holds other blocks"
             )
     regs = [r for r in given if set(r.nodes) - r.save]
     nodes = graph.nodes
@@ -145,6 +151,8 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
     trigger: dict[int, Region] = {}
     plan_of: dict[str, list[str]] = {}
     hold: dict[str, int] = {}
+    pop_at: dict[str, int] = {}  # cached values that the recomputation takes from the cache
+    popped: dict[str, list[str]] = {}
     for r in regs:
         members = set(r.nodes)
         made = {o for nid in r.nodes for o in graph.node(nid).outputs}
@@ -192,6 +200,14 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
                     continue
                 if freeable(x):
                     hold[x] = max(hold.get(x, -1), end)
+        popped[r.path] = []
+        for nid in r.nodes[: stop + 1]:
+            # The policy's cache holds a cached output until the recomputation takes it.
+            if nid in keep_of[r.path]:
+                for o in graph.node(nid).outputs:
+                    if freeable(o):
+                        pop_at[o] = max(pop_at.get(o, -1), packed[0])
+                        popped[r.path].append(o)
         for nid in r.nodes[stop + 1 :]:
             # A cached output that the early-stopped recomputation never reaches stays in the
             # policy's cache until the frame goes.
@@ -207,8 +223,10 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         resident.discard(v)
         steps.append(Step(op="free", id=v))
 
-    def live_after(v: str, i: int, *, recomputed: bool) -> bool:
+    def live_after(v: str, i: int, *, recomputed: bool, taken: bool = False) -> bool:
         if graph.is_required(v) or last_fwd.get(v, -1) > i or hold.get(v, -1) > i:
+            return True
+        if not taken and pop_at.get(v, -1) >= i:
             return True
         if v in dropped and not recomputed:
             return False  # dropped after the forward: the recomputation makes it again
@@ -232,6 +250,9 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
                     done = v in resident and reads_left.get(v, 0) <= 0
                     if done and not live_after(v, i - 1, recomputed=True):
                         free(v)
+            for v in popped[r.path]:
+                if v in resident and not live_after(v, i - 1, recomputed=True, taken=True):
+                    free(v)
         steps.append(Step(op="compute", id=n.id))
         resident.update(o for o in n.outputs if freeable(o))
         rec = n.phase == "backward"

@@ -1,0 +1,91 @@
+"""The zoo: small transformers models traced, solved at 70% and 50%, and trained through
+``remat.apply`` in a plain training step (``loss = model(**batch); loss.backward()``).
+
+Gradients must equal the unmodified model's bit for bit (float32, dropout included), the
+measured peak must be the prediction within 2% and within the budget. Models whose training
+configuration (``use_cache=False``) the tracer cannot capture yet are expected failures, with
+the reason (the tracer's bug, issue 11 item 3).
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from _zoo import ZOO
+
+import remat
+from remat.executor import measure, planned_steps
+from remat.ir import resolve_budget, simulate
+from remat.tracer import TraceError, trace_capture
+
+SEED = 7
+SOLVE_TIME_LIMIT_S = 5.0
+FRACTIONS = [0.7, 0.5]
+SLOW = {"t5", "whisper", "mixtral"}  # the largest graphs (700+ nodes): slow on 2 cores
+
+
+@cache
+def _setup(name: str) -> tuple[Any, Any, Any, Any, dict[str, torch.Tensor]]:
+    model, inputs, loss_fn = ZOO[name]()
+    try:
+        cap = trace_capture(model, inputs, loss_fn, cost="flops")
+    except TraceError as exc:
+        pytest.xfail(f"tracer: {exc}"[:300])
+    ref = copy.deepcopy(model)
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        loss_fn(ref(**inputs)).backward()
+    grads = {n: p.grad.clone() for n, p in ref.named_parameters() if p.grad is not None}
+    return model, inputs, loss_fn, cap, grads
+
+
+def _params(name: str) -> list[Any]:
+    marks = [pytest.mark.slow] if name in SLOW else []
+    return [pytest.param(name, marks=marks, id=name)]
+
+
+@pytest.mark.parametrize("mode", ["op", "checkpoint"])
+@pytest.mark.parametrize("frac", FRACTIONS)
+@pytest.mark.parametrize("name", [p for n in ZOO for p in _params(n)])
+def test_zoo_apply_is_exact(name: str, frac: float, mode: str) -> None:
+    model, inputs, loss_fn, cap, grads = _setup(name)
+    graph = cap.graph
+    budget = resolve_budget(graph, frac)
+    if mode == "op":
+        result = remat.solve(graph, budget, time_limit_s=SOLVE_TIME_LIMIT_S)
+        assert result.plan is not None, result.message
+        run = remat.apply(
+            copy.deepcopy(model), result, graph, example_inputs=inputs, loss_fn=loss_fn, capture=cap
+        )
+
+        def user_step() -> None:  # what a training loop writes: forward returns the loss
+            loss = run(**inputs)
+            loss.backward()
+
+    else:
+        result = remat.solve(graph, budget, time_limit_s=SOLVE_TIME_LIMIT_S, executor="checkpoint")
+        assert result.plan is not None, result.message
+        run = remat.apply(copy.deepcopy(model), result, graph, mode="checkpoint")
+
+        def user_step() -> None:  # the model's own output, its own loss
+            loss = run(**inputs).loss
+            loss.backward()
+
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        mem = measure(run, inputs, step=user_step)
+    for n, p in run.named_parameters():
+        if n in grads:
+            assert p.grad is not None and torch.equal(p.grad, grads[n]), n
+    sim = planned_steps(run)[0].simulation if mode == "op" else simulate(graph, result.plan)
+    predicted = sim.peak_dynamic_bytes
+    assert abs(mem.peak_dynamic_bytes - predicted) <= 0.02 * predicted
+    if result.fits:
+        assert mem.peak_bytes <= budget
