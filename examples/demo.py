@@ -82,7 +82,7 @@ def training_loop(model: Any, inputs: Any, loss_fn: Any, result: Any, cap: Any) 
     def user_step() -> None:
         loss = run(*inputs)
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
 
     for k in range(3):
         opt.zero_grad(set_to_none=True)
