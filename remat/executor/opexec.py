@@ -488,7 +488,6 @@ class CompiledStep:
         return loss
 
 
-
 def compile_step(
     model: nn.Module,
     example_inputs: Any,
