@@ -20,6 +20,7 @@ import time
 
 from remat import solver
 from remat.ir import resolve_budget, synthetic
+from remat.ir.result import best_result
 
 FAMILIES = {
     "chain64": lambda: synthetic.chain(64),
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 r = solver.get(n)(g, budget, time_limit_s=args.time_limit)
                 rows.append((n, r, time.perf_counter() - t0))
-            fits = [r for _, r, _ in rows if r.status in ("optimal", "feasible")]
-            best_time = min((r.total_time_s or 0.0 for r in fits), default=None)
+            best = best_result(r for _, r, _ in rows)
+            best_time = best.total_time_s if best is not None and best.fits else None
             lbs = [rows[0][1].baseline_time_s]
             for _, r, _ in rows:
                 lb = r.lower_bound_s
@@ -75,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                     lbs.append(lb)
             best_lb = max(lbs)
             for n, r, secs in rows:
-                ok = r.status in ("optimal", "feasible")
-                over = f"{100 * (r.overhead or 0):8.2f}%" if ok else f"{'-':>9}"
-                rel = max(0.0, (r.total_time_s or 0) / best_lb - 1)  # float noise below the bound
-                gap = f"{100 * rel:7.2f}%" if ok else f"{'-':>8}"
+                if r.fits and r.figures is not None and r.overhead is not None:
+                    over = f"{100 * r.overhead:8.2f}%"
+                    rel = max(0.0, r.figures.total_time_s / best_lb - 1)  # float noise below lb
+                    gap = f"{100 * rel:7.2f}%"
+                else:
+                    over, gap = f"{'-':>9}", f"{'-':>8}"
                 print(f"{fam:<14} {frac:>6.0%}  {n:<14} {r.status:<10} {over} {secs:8.2f} {gap}")
             sys.stdout.flush()
     print(f"total {time.perf_counter() - t_all:.0f} s")

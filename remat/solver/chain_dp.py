@@ -263,7 +263,8 @@ def fit_chain_plan(
         tried.append(r)
         if r.fits:
             break
-        over = (r.peak_bytes or 0) - budget_bytes
+        assert r.figures is not None  # a judged plan always has figures
+        over = r.figures.peak_bytes - budget_bytes
         step = max(1, int(m * over / max(1, problem.room_bytes)) + 1)
         last_m = m
         m = m - step

@@ -181,9 +181,9 @@ def solve_lp_round(
     best = best_result(judged)
     assert best is not None
     res = best.model_copy(update={"solve_time_s": time.perf_counter() - t0})
-    if not res.fits or res.plan is None:
+    if not res.fits or res.plan is None or res.figures is None:
         return res
-    if bound is not None and bound > (res.total_time_s or 0.0) * (1 + 1e-9):
+    if bound is not None and bound > res.figures.total_time_s * (1 + 1e-9):
         # The LP bounds the model's class; a rounding that recomputes deeper than the model's
         # window can lie outside it and beat it: then it proves nothing here.
         bound = None

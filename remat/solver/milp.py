@@ -60,7 +60,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from remat.ir import Graph, InvalidPlanError, Plan, keep_plan
-from remat.ir.result import SolveResult
+from remat.ir.result import SolveResult, speed_key
 from remat.solver._mip import Backend, MipSolution
 from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import SMALL_GRAPH_NODES, CheckmateModel
@@ -327,7 +327,7 @@ def solve_milp(
             lower_bound_s=run.bound_s if exact else None,
             message=f"{info}; {sol.message}" if sol.message else info,
         )
-        if fb_time is None or (res.total_time_s or 0.0) <= fb_time:
+        if fb_time is None or speed_key(res)[0] <= fb_time:
             return res
     # No incumbent in time, or a fallback plan (outside the model's class) is faster.
     if not fb.fits or fb.plan is None or fb_time is None:
