@@ -75,3 +75,22 @@ def test_one_auto_solve_builds_eager_once_and_runs_each_solver_once(
     assert r.message.startswith("best plan from ")
     print(f"\nauto on transformer(2): {counts['simulate']} simulations, runs: {ran}")
     assert counts["simulate"] < SIMULATIONS_BEFORE
+
+
+def test_milp_runs_no_other_solver_and_takes_start_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts: collections.Counter[str] = collections.Counter()
+    for name, si in list(base._REGISTRY.items()):
+        if name != "milp":
+            fn = _count_everywhere(monkeypatch, si.fn, name, counts)
+            monkeypatch.setitem(base._REGISTRY, name, dataclasses.replace(si, fn=fn))
+    g = transformer(1, d_model=16, seq_len=8, batch_size=2, vocab_size=32, num_heads=2)
+    start = solver.solve(g, "70%", solver="checkpoint-all")
+    counts.clear()
+    assert start.plan is not None
+    r = solver.solve(g, "70%", solver="milp", time_limit_s=10, start_plans=[start.plan])
+    assert not counts, counts  # milp itself ran nothing else
+    assert r.solver == "milp" and r.fits
+    assert r.total_time_s is not None and start.total_time_s is not None
+    assert r.total_time_s <= start.total_time_s * (1 + 1e-9)  # no slower than its start
+    with pytest.raises(ValueError, match="start_plans"):
+        solver.info("milp").options_model.model_validate({"start_plans": []})  # type: ignore[union-attr]
