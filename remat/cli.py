@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -75,14 +74,31 @@ def _budget_texts(text: str | None) -> list[str] | None:
 
 
 def _solve_local(
-    graph: Graph, budget: int | float, solver: str | None, time_limit_s: float | None
+    graph: Graph,
+    budget: int | float,
+    solver: str | None,
+    time_limit_s: float | None,
+    bar: Any = None,
 ) -> SolveResult:
     from remat import solver as solvers
 
     try:
-        return solvers.solve(graph, budget, solver=solver, time_limit_s=time_limit_s)
+        if bar is None:
+            return solvers.solve(graph, budget, solver=solver, time_limit_s=time_limit_s)
+        with bar.ticking("solving", time_limit_s=time_limit_s):
+            return solvers.solve(
+                graph, budget, solver=solver, time_limit_s=time_limit_s, progress=bar
+            )
     except RematError as exc:
         raise BadInput(f"--solver: {exc}") from None
+
+
+def _bar(args: argparse.Namespace, graph: Graph | None = None) -> Any:
+    """The progress bar of a command: on stderr when it is a terminal, never with --quiet."""
+    from remat.report.progress import ProgressBar
+
+    base = None if graph is None else sum(n.time_s for n in graph.nodes)
+    return ProgressBar(args.command, enabled=False if args.quiet else None, baseline_time_s=base)
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -152,7 +168,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         with _client(args) as c:
             result = c.solve(graph, budget, solver=args.solver, time_limit_s=args.time_limit)
     else:
-        result = _solve_local(graph, budget, args.solver, args.time_limit)
+        result = _solve_local(graph, budget, args.solver, args.time_limit, _bar(args, graph))
     if args.out:
         _write(args.out, result.model_dump_json(indent=1))
     if args.json:
@@ -176,13 +192,33 @@ def _solver_names(arg: str | None) -> list[str]:
     return names
 
 
+def _frontier_local(args: argparse.Namespace, graph: Graph, names: list[str]) -> list[Any]:
+    """Each solver at each of ``--budgets``, with a progress bar (``frontier``, ``report``)."""
+    from remat.report.frontier import DEFAULT_BUDGETS, compute_frontier
+
+    specs = _budget_texts(args.budgets)
+    bar = _bar(args, graph)
+
+    def start(i: int, total: int, name: str, spec: Any) -> None:
+        bar.set_step(i + 1, total)
+        bar.set_phase(f"{name} at {spec}", time_limit_s=args.time_limit)
+
+    try:
+        with bar.ticking("solving"):
+            return compute_frontier(
+                graph,
+                budgets=specs or list(DEFAULT_BUDGETS),
+                solvers=names,
+                time_limit_s=args.time_limit,
+                on_start=start,
+                solve_options={"progress": bar},
+            )
+    except ValueError as exc:
+        raise BadInput(f"--budgets: {exc}") from None
+
+
 def cmd_frontier(args: argparse.Namespace) -> int:
-    from remat.report.frontier import (
-        DEFAULT_BUDGETS,
-        FrontierPoint,
-        compute_frontier,
-        dump_frontier,
-    )
+    from remat.report.frontier import FrontierPoint, dump_frontier, frontier_text
 
     graph = load_graph(args.graph)
     specs = _budget_texts(args.budgets)
@@ -204,15 +240,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
                     for p in fr.points
                 ]
     else:
-        try:
-            points = compute_frontier(
-                graph,
-                budgets=specs or list(DEFAULT_BUDGETS),
-                solvers=names,
-                time_limit_s=args.time_limit,
-            )
-        except ValueError as exc:
-            raise BadInput(f"--budgets: {exc}") from None
+        points = _frontier_local(args, graph, names)
     if args.plot:
         from remat.report.plots import frontier_figure, save
 
@@ -224,22 +252,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         print(dump_frontier(points))
         return EXIT_OK
     print(f"remat frontier: {args.graph} ({graph.num_nodes} nodes)")
-    print(
-        f"  {'solver':>14} {'budget':>10} {'bytes':>14} {'status':>10} {'peak':>12} "
-        f"{'time':>12} {'overhead':>9}"
-    )
-    for p in points:
-        pk = "-" if p.peak_bytes is None else format_bytes(p.peak_bytes)
-        print(
-            f"  {p.solver:>14} {p.budget:>10} {p.budget_bytes:>14} {p.status:>10} {pk:>12} "
-            f"{_secs(p.total_time_s):>12} {_pct(p.overhead):>9}"
-        )
+    print(frontier_text(points))
     if args.plot:
         print(f"  wrote {args.plot}")
     return EXIT_OK
 
 
-def _target_graph(target: str, cost: str) -> Graph:
+def _target_graph(target: str, cost: str, bar: Any = None) -> Graph:
     if target == "-" or target.endswith(".json") or (Path(target).is_file() and ":" not in target):
         return load_graph(target)
     if ":" not in target:
@@ -249,64 +268,64 @@ def _target_graph(target: str, cost: str) -> Graph:
     except ImportError as exc:
         raise BadInput(f"tracing {target} needs torch and remat.tracer ({exc})") from None
     try:
-        graph: Graph = trace_spec(target, cost=cost)
+        if bar is None:
+            graph: Graph = trace_spec(target, cost=cost)
+        else:
+            with bar.ticking(f"tracing {target}"):
+                graph = trace_spec(target, cost=cost)
     except Exception as exc:  # the user's model code failed: bad input, reported in one line
         raise BadInput(f"cannot trace {target}: {type(exc).__name__}: {exc}") from None
     return graph
 
 
-def _junit(
-    target: str, passed: bool, reason: str, rows: list[tuple[str, str]], time_s: float
-) -> str:
-    suite = ET.Element(
-        "testsuite",
-        name="remat.check",
-        tests="1",
-        failures="0" if passed else "1",
-        errors="0",
-        time=f"{time_s:.3f}",
-    )
-    case = ET.SubElement(
-        suite, "testcase", classname="remat.check", name=target, time=f"{time_s:.3f}"
-    )
-    if not passed:
-        fail = ET.SubElement(case, "failure", message=reason, type="RematCheckFailed")
-        fail.text = "\n".join(f"{k}: {v}" for k, v in rows)
-    out = ET.SubElement(case, "system-out")
-    out.text = "\n".join(f"{k}: {v}" for k, v in rows)
-    root = ET.Element("testsuites")
-    root.append(suite)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True)
-
-
 def cmd_check(args: argparse.Namespace) -> int:
-    graph = _target_graph(args.target, args.cost)
+    from remat.report.check import (
+        check_figures,
+        compare,
+        growth_lines,
+        junit_xml,
+        read_baseline,
+        verdict,
+    )
+
+    if args.max_growth < 0 or args.max_overhead_growth < 0:
+        raise BadInput("--max-growth and --max-overhead-growth must be >= 0")
+    bar = _bar(args)
+    graph = _target_graph(args.target, args.cost, bar)
+    bar.baseline_time_s = sum(n.time_s for n in graph.nodes)
     budget = _budget_arg(args.budget)
-    result = _solve_local(graph, budget, args.solver, args.time_limit)
-    eager_peak = simulate(graph, eager_plan(graph)).peak_bytes
-    if not result.fits:
-        passed = False
-        need = result.min_budget_bytes
-        reason = f"no plan fits {format_bytes(result.budget_bytes)}" + (
-            f" (smallest found: {format_bytes(need)})" if need is not None else ""
-        )
-    elif args.max_overhead is not None and (result.overhead or 0.0) > args.max_overhead:
-        passed = False
-        reason = (
-            f"the plan fits but costs {_pct(result.overhead)} time, over --max-overhead "
-            f"{_pct(args.max_overhead)}"
-        )
-    else:
-        passed = True
-        reason = f"fits {format_bytes(result.budget_bytes)} at {_pct(result.overhead)} time"
+    result = _solve_local(graph, budget, args.solver, args.time_limit, bar)
+    v = verdict(result, args.max_overhead)
+    passed, reason = v.passed, v.reason
+    figures = check_figures(graph, result)
+    eager_peak = figures.eager_peak_bytes
+    small = figures.smallest_budget_bytes
     rows = [
         ("target", args.target),
         ("graph", f"{graph.num_nodes} nodes, static {format_bytes(graph.static_bytes)}"),
         ("no-remat peak", f"{format_bytes(eager_peak)} ({eager_peak} bytes)"),
         *_result_rows(result),
+        ("smallest budget", "none found" if small is None else format_bytes(small)),
         ("max overhead", "none" if args.max_overhead is None else _pct(args.max_overhead)),
-        ("result", ("PASS: " if passed else "FAIL: ") + reason),
     ]
+    comparison = None
+    if args.baseline:
+        try:
+            before = read_baseline(_read_text(args.baseline), source=args.baseline)
+        except ValueError as exc:
+            raise BadInput(f"--baseline {exc}") from None
+        comparison = compare(
+            figures,
+            before,
+            max_growth=args.max_growth,
+            max_overhead_growth_points=args.max_overhead_growth,
+        )
+        rows += [("baseline", line) for line in comparison.failures + comparison.notes]
+        rows += [("grew", line) for line in growth_lines(comparison.grown)]
+        if not comparison.passed and passed:
+            passed = False
+            reason = f"regression against {args.baseline}: " + "; ".join(comparison.failures)
+    rows.append(("result", ("PASS: " if passed else "FAIL: ") + reason))
     print(f"remat check: {args.target}")
     _table(rows, sys.stdout)
     if args.json:
@@ -318,15 +337,18 @@ def cmd_check(args: argparse.Namespace) -> int:
             "no_remat_peak_bytes": eager_peak,
             "graph": graph.summary(),
             "result": result.model_dump(mode="json", exclude={"plan"}),
+            "baseline": figures.to_json(),
         }
+        if comparison is not None:
+            report["comparison"] = {"against": args.baseline, **comparison.to_json()}
         _write(args.json, json.dumps(report, indent=1))
     if args.junit:
-        _write(args.junit, _junit(args.target, passed, reason, rows, result.solve_time_s))
+        _write(args.junit, junit_xml(args.target, passed, reason, rows, result.solve_time_s))
     return EXIT_OK if passed else EXIT_FAILED
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    graph = _target_graph(args.spec, args.cost)
+    graph = _target_graph(args.spec, args.cost, _bar(args))
     if args.out:
         _write(args.out, graph.to_json(indent=1))
     s = graph.summary()
@@ -412,23 +434,13 @@ def _write_pictures(args: argparse.Namespace, graph: Graph, result: Any) -> list
         save(timeline_figure(timeline(graph, result.plan, result.budget_bytes)), args.plot)
         wrote.append(("wrote", args.plot))
     if args.html:
-        from remat.report import compute_frontier, load_frontier, render_html
-        from remat.report.frontier import DEFAULT_BUDGETS
+        from remat.report import load_frontier, render_html
 
         points = []
         for path in args.frontier or []:
             points += load_frontier(_read_text(path), source=path)
         if not args.frontier and args.frontier_solvers:
-            specs = _budget_texts(args.budgets)
-            try:
-                points = compute_frontier(
-                    graph,
-                    budgets=specs or list(DEFAULT_BUDGETS),
-                    solvers=_solver_names(args.frontier_solvers),
-                    time_limit_s=args.time_limit,
-                )
-            except ValueError as exc:
-                raise BadInput(f"--budgets: {exc}") from None
+            points = _frontier_local(args, graph, _solver_names(args.frontier_solvers))
         _write(args.html, render_html(graph, result, frontier=points))
         wrote.append(("wrote", args.html))
     return wrote
@@ -469,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--solver", help="solver name (default: auto); see GET /v1/solvers")
         sp.add_argument("--time-limit", type=float, metavar="S", help="solver time limit (s)")
 
+    def quiet_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "-q", "--quiet", action="store_true", help="no progress bar (none off a terminal)"
+        )
+
     def remote_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--url", help="solve on a remat service instead of locally")
         sp.add_argument("--api-key", help="API key for --url")
@@ -479,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     solver_args(sp)
     sp.add_argument("--out", metavar="RESULT.json", help="write the result with its plan")
     sp.add_argument("--json", action="store_true", help="print the result (without plan) as JSON")
+    quiet_arg(sp)
     remote_args(sp)
     sp.set_defaults(fn=cmd_solve)
 
@@ -493,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRONTIER.svg",
         help="write the frontier plot (.svg/.png)",
     )
+    quiet_arg(sp)
     remote_args(sp)
     sp.set_defaults(fn=cmd_frontier)
 
@@ -504,14 +523,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     solver_args(sp)
     sp.add_argument("--cost", default="flops", help="trace cost model: flops, measure or a device")
-    sp.add_argument("--json", metavar="PATH", help="write a JSON report")
+    sp.add_argument("--json", metavar="PATH", help="write a JSON report (a later --baseline)")
     sp.add_argument("--junit", metavar="PATH", help="write a JUnit XML report")
+    sp.add_argument(
+        "--baseline", metavar="PREVIOUS.json", help="fail on growth against a previous --json"
+    )
+    sp.add_argument(
+        "--max-growth",
+        type=float,
+        default=0.05,
+        metavar="FRAC",
+        help="allowed growth of the smallest budget over --baseline (default 0.05: 5%%)",
+    )
+    sp.add_argument(
+        "--max-overhead-growth",
+        type=float,
+        default=5.0,
+        metavar="POINTS",
+        help="allowed growth of the overhead at the budget, in percentage points (default 5)",
+    )
+    quiet_arg(sp)
     sp.set_defaults(fn=cmd_check)
 
     sp = sub.add_parser("trace", help="trace a model into a graph (needs torch)")
     sp.add_argument("spec", help="e.g. examples/gpt.py:build or package.module:function")
     sp.add_argument("--cost", default="flops", help="flops, measure or a device profile name")
     sp.add_argument("--out", metavar="GRAPH.json")
+    quiet_arg(sp)
     sp.set_defaults(fn=cmd_trace)
 
     sp = sub.add_parser("report", help="summarise a graph and, optionally, a result's plan")
@@ -539,6 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--budgets", help="budgets of that frontier (default 100%%..10%%)")
     sp.add_argument("--time-limit", type=float, metavar="S", help="time limit of each solve")
+    quiet_arg(sp)
     sp.set_defaults(fn=cmd_report)
 
     sp = sub.add_parser("serve", help="run the HTTP service")

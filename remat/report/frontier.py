@@ -80,13 +80,15 @@ def compute_frontier(
     solvers: Sequence[str] = QUICK_SOLVERS,
     time_limit_s: float | None = None,
     on_point: Callable[[int, int, FrontierPoint], None] | None = None,
+    on_start: Callable[[int, int, str, BudgetSpec], None] | None = None,
     solve_options: dict[str, Any] | None = None,
 ) -> list[FrontierPoint]:
     """Solve ``graph`` with each solver at each budget.
 
     A solver that does not apply to the graph (a chain method on a DAG it cannot view as a
     chain) contributes an ``error`` point with its message instead of stopping the frontier.
-    ``on_point(done, total, point)`` is called after each solve. ``solve_options`` go to every
+    ``on_start(index, total, solver, budget)`` is called before each solve and
+    ``on_point(done, total, point)`` after it. ``solve_options`` go to every
     call of :func:`remat.solver.solve` (for example a progress callback).
 
     Raises
@@ -103,6 +105,8 @@ def compute_frontier(
     points: list[FrontierPoint] = []
     for name in solvers:
         for spec, budget_bytes in resolved:
+            if on_start is not None:
+                on_start(len(points), total, name, spec)
             try:
                 r = registry.solve(
                     graph,
@@ -135,3 +139,24 @@ def load_frontier(text: str, *, source: str = "frontier") -> list[FrontierPoint]
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{source}: not a frontier list ({loc}: {first['msg']})") from None
+
+
+def frontier_text(points: Sequence[FrontierPoint]) -> str:
+    """The table ``remat frontier`` prints: one line per solver and budget."""
+    from remat.ir import format_bytes
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x * 100:+.1f}%"
+
+    lines = [
+        f"  {'solver':>14} {'budget':>10} {'bytes':>14} {'status':>10} {'peak':>12} "
+        f"{'time':>12} {'overhead':>9}"
+    ]
+    for p in points:
+        pk = "-" if p.peak_bytes is None else format_bytes(p.peak_bytes)
+        t = "n/a" if p.total_time_s is None else f"{p.total_time_s:.6g} s"
+        lines.append(
+            f"  {p.solver:>14} {p.budget:>10} {p.budget_bytes:>14} {p.status:>10} {pk:>12} "
+            f"{t:>12} {pct(p.overhead):>9}"
+        )
+    return "\n".join(lines)
