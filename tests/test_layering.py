@@ -39,11 +39,17 @@ def remat_imports(path: Path) -> set[str]:
     return found
 
 
+# One lazy exception: a result's notebook view (SolveResult._repr_html_) draws with the report
+# package when matplotlib is there and falls back to text when it is not.
+LAZY = {"ir/result.py": {"report"}}
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_package_imports_only_what_design_allows(package: str) -> None:
     bad = {}
     for path in sorted((ROOT / package).rglob("*.py")):
-        extra = remat_imports(path) - ALLOWED[package]
+        lazy = LAZY.get(str(path.relative_to(ROOT)), set())
+        extra = remat_imports(path) - ALLOWED[package] - lazy
         if extra:
             bad[str(path.relative_to(ROOT))] = sorted(extra)
     assert not bad, f"imports outside the layering of DESIGN.md: {bad}"

@@ -54,6 +54,7 @@ def test_report_imports_without_matplotlib_until_it_draws() -> None:
         r = remat.solve(g, 10**9, solver="sqrt")
         assert timeline(g, r.plan).plan.peak_bytes == r.peak_bytes
         assert module_table(g, r.plan)
+        assert r._repr_html_().startswith("<pre>sqrt (feasible)")  # text without matplotlib
         try:
             remat.report.render_html(g, r)
         except ImportError as exc:

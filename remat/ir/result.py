@@ -7,13 +7,16 @@ importing the solvers.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
+from remat.ir.budget import format_bytes
 from remat.ir.errors import InfeasibleBudgetError
+from remat.ir.graph import Graph
 from remat.ir.plan import Plan
 from remat.ir.simulate import Simulation
 
@@ -53,6 +56,21 @@ class PlanFigures(BaseModel):
         )
 
 
+class _Attached:
+    """The graph a result was solved on, for drawing only. Equal to any other: two results
+    with the same fields are equal whether or not one knows its graph."""
+
+    __slots__ = ("graph",)
+
+    def __init__(self, graph: Graph | None) -> None:
+        self.graph = graph
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Attached)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class SolveResult(BaseModel):
     """What every solver returns. Times in seconds, memory in bytes (static + dynamic).
 
@@ -89,6 +107,8 @@ class SolveResult(BaseModel):
             raise ValueError("a result has figures exactly when it has a plan")
         return self
 
+    _drawn_with: _Attached = PrivateAttr(default_factory=lambda: _Attached(None))
+
     @property
     def fits(self) -> bool:
         """A plan exists and its simulated peak is within the budget."""
@@ -115,6 +135,42 @@ class SolveResult(BaseModel):
             + (f": {self.message}" if self.message else ""),
             min_budget_bytes=self.min_budget_bytes,
         )
+
+    def with_graph(self, graph: Graph) -> SolveResult:
+        """Remember the graph the plan is for (not serialised), so that a notebook can draw
+        the plan's memory timeline; ``remat.solve`` does this. Returns the result itself."""
+        self._drawn_with = _Attached(graph)
+        return self
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the memory timeline when the graph is known and matplotlib is
+        installed, else the figures as text."""
+        try:
+            from remat.report.notebook import result_html  # lazily: matplotlib
+        except ImportError:
+            return f"<pre>{html.escape(self.summary_text())}</pre>"
+        return result_html(self, self._drawn_with.graph)
+
+    def summary_text(self) -> str:
+        """The result in a few lines of text."""
+
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{x * 100:+.1f}%"
+
+        lines = [f"{self.solver} ({self.status}) at {format_bytes(self.budget_bytes)}"]
+        if self.figures is not None:
+            f = self.figures
+            lines.append(
+                f"peak {format_bytes(f.peak_bytes)}, time {f.total_time_s:.4g} s "
+                f"(overhead {pct(self.overhead)}), recompute {f.recompute_time_s:.4g} s"
+            )
+        if self.lower_bound_s is not None:
+            lines.append(f"bound {self.lower_bound_s:.4g} s (gap {pct(self.gap)})")
+        if self.min_budget_bytes is not None:
+            lines.append(f"smallest budget found {format_bytes(self.min_budget_bytes)}")
+        if self.message:
+            lines.append(self.message)
+        return "\n".join(lines)
 
     # -- shortcuts into ``figures`` (None without a plan) ------------------------------------
 

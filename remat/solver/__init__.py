@@ -85,4 +85,4 @@ def solve(
         from remat.solver.checkpoint import restrict
 
         result = restrict(problem, result)
-    return result
+    return result.with_graph(graph)
