@@ -190,13 +190,21 @@ class GraphSummary(_Strict):
 
 
 class JobProgress(_Strict):
-    """Where a running job stands: the best plan found so far, with its bound and gap."""
+    """Where a running job stands: the solver's latest report (its phase, the incumbent's
+    overhead and peak, the bound and the gap: :class:`remat.ir.Progress`), or a first cheap
+    plan (``best``) before the solver reports."""
 
     stage: str
     elapsed_s: float = 0.0
     best: SolveResult | None = None
+    solver: str | None = None
+    phase: str | None = None
+    time_limit_s: float | None = None
+    incumbent_overhead: float | None = None
+    incumbent_peak_bytes: int | None = None
     lower_bound_s: float | None = None
     gap: float | None = None
+    message: str | None = None
     points_done: int | None = None
     points_total: int | None = None
 

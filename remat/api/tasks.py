@@ -16,6 +16,7 @@ from typing import Any
 
 from remat import solver as solvers
 from remat.ir import Graph, RematError, eager_plan, resolve_budget, simulate
+from remat.ir.result import Progress as SolveProgress
 from remat.ir.result import SolveResult, best_result
 
 DEFAULT_FRONTIER = ["100%", "80%", "60%", "50%", "40%", "30%", "20%", "10%"]
@@ -93,9 +94,22 @@ def _solve(
             )
 
         options[PROGRESS_OPTION] = report
+    on_progress = None
+    if progress is not None:
+
+        def on_progress(p: SolveProgress) -> None:
+            # What the solver reports through the problem's callback (incumbent, bound, gap)
+            # becomes the job's progress as it is: the same figures as a terminal's bar.
+            progress({"stage": "solving", **p.model_dump(mode="json", exclude_none=True)})
+
     try:
-        return solvers.get(task["solver"])(
-            graph, budget_bytes, time_limit_s=task["time_limit_s"], **options
+        return solvers.solve(
+            graph,
+            budget_bytes,
+            solver=task["solver"],
+            time_limit_s=task["time_limit_s"],
+            progress=on_progress,
+            **options,
         )
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
