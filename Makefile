@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TYPED := remat/ir remat/solver remat/api remat/report
 
-.PHONY: venv test test-all lint typecheck demo bench clean
+.PHONY: venv test test-all lint typecheck demo bench clean browser
 
 venv: $(STAMP)
 
@@ -25,8 +25,15 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 
-test-all: lint
-	$(PY) -m pytest -q -n 2 -p no:cacheprovider -m ''
+# Debian's chromium for the browser test of the HTML report (skipped where it is missing).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || \
+	  echo "chromium could not be installed: the browser test will be skipped"
+
+# REMAT_ARTIFACTS: the browser test keeps its page and screenshot in artifacts/.
+test-all: lint browser
+	REMAT_ARTIFACTS=artifacts $(PY) -m pytest -q -n 2 -p no:cacheprovider -m ''
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
