@@ -103,14 +103,14 @@ def _solve(
             progress({"stage": "solving", **p.model_dump(mode="json", exclude_none=True)})
 
     try:
-        return solvers.solve(
-            graph,
-            budget_bytes,
-            solver=task["solver"],
-            time_limit_s=task["time_limit_s"],
-            progress=on_progress,
-            **options,
+        # The problem is built here rather than by solvers.solve: a solver's own ``progress``
+        # option (above) and the problem's callback are two different things.
+        si = solvers.info(task["solver"])
+        si.check_options(options)
+        problem = solvers.Problem.build(
+            graph, budget_bytes, time_limit_s=task["time_limit_s"], on_progress=on_progress
         )
+        return si.fn(problem, **options)
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
     except ValueError as exc:
