@@ -106,11 +106,11 @@ def _solve(
         # The problem is built here rather than by solvers.solve: a solver's own ``progress``
         # option (above) and the problem's callback are two different things.
         si = solvers.info(task["solver"])
-        si.check_options(options)
+        checked = si.check_options(options)
         problem = solvers.Problem.build(
             graph, budget_bytes, time_limit_s=task["time_limit_s"], on_progress=on_progress
         )
-        return si.fn(problem, **options)
+        return si.fn(problem, **checked)
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
     except ValueError as exc:
