@@ -3,6 +3,7 @@
     graph = remat.trace(model, inputs, loss_fn)   # a costed graph of one training step
     result = remat.solve(graph, budget="12GiB")    # the cheapest keep/recompute/offload plan
     step = remat.apply(model, result)              # run it, same gradients
+    torch.compile(model, backend=remat.backend(budget="12GiB"))   # or inside torch.compile
 
 Only the torch-free parts are imported eagerly; ``trace`` and ``apply`` load torch on first use.
 """
@@ -60,4 +61,9 @@ def __getattr__(name: str) -> Any:
         import remat.executor as ex
 
         return getattr(ex, name)
+    if name in ("backend", "compile"):
+        # torch.compile(model, backend=remat.backend(budget="12GiB")), remat.compile(model, ...)
+        import remat.executor.compile as rc
+
+        return getattr(rc, name)
     raise AttributeError(f"module 'remat' has no attribute {name!r}")

@@ -177,6 +177,7 @@ def measure(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     step: StepFn | None = None,
+    tracker: LiveStorageTracker | None = None,
 ) -> MemoryMeasurement:
     """Run one training step for real and measure its peak memory (see the module docstring).
 
@@ -189,6 +190,9 @@ def measure(
     step
         A callable running the step instead of the default one (e.g. a compiled remat step);
         it must leave the gradients in the parameters' ``.grad``.
+    tracker
+        The CPU tracker to count with (a subclass that also sees compiled code, as
+        :func:`remat.executor.compile.measure_compiled` uses); a new one by default.
 
     Returns
     -------
@@ -206,7 +210,7 @@ def measure(
     if device.type == "cuda":
         return _measure_cuda(run, params, buffers, inputs, opt_tensors, device)
 
-    tracker = LiveStorageTracker()
+    tracker = LiveStorageTracker() if tracker is None else tracker
     param_keys = tracker.track(params)
     buffer_keys = tracker.track(buffers)
     opt_keys = tracker.track(opt_tensors)

@@ -1,0 +1,392 @@
+"""``remat.backend(...)``: a torch.compile backend whose partition of each joint graph is
+remat's, under a budget in bytes.
+
+Graph breaks
+------------
+A step compiled with graph breaks runs several joint graphs; they share one budget in bytes. The
+graphs are planned in the order dynamo compiles them (the order their forwards first run).
+While graph ``k`` runs, every graph compiled before it holds its static bytes and what it saved
+for its backward (its backward runs after ``k``'s), so graph ``k`` is planned under the budget
+minus those bytes. Graphs compiled later are not known yet; their parameters are not in an
+earlier graph's figures, so after all graphs are compiled :attr:`RematBackend.predicted_peak_bytes`
+adds them up and :meth:`RematBackend.check` says whether the whole step fits. A recompilation of
+the same code (a guard failed, a new shape) replaces that graph's entry instead of adding one.
+Memory held by eager code between the graphs (e.g. a loss computed outside the compiled
+region) is not part of any graph.
+
+Relative budgets (``"70%"``, ``0.7``) apply per graph: its static bytes plus that share of the
+dynamic peak its uncompiled (eager, no recomputation) schedule needs.
+
+Dynamic shapes
+--------------
+A graph compiled with symbolic sizes is planned at the sizes of the call that triggered its
+compilation (the symbols' hints); the budget holds for those sizes, and a larger input can take
+more memory. The backend warns when it plans a symbolic graph. ``remat.compile`` compiles with
+``dynamic=False``, so every new shape is compiled and planned again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from remat.executor.compile.joint import JointIR, joint_to_ir
+from remat.executor.compile.partition import Partition, PartitionModel, search_partition
+from remat.executor.compile.split import RNG_STATE_BYTES, Split, split_joint
+from remat.ir import InfeasibleBudgetError, simulate
+from remat.ir.budget import BudgetSpec, format_bytes, parse_budget
+from remat.ir.plans import eager_plan
+
+Compiler = str | Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
+
+
+class RematCompileWarning(UserWarning):
+    """A compiled graph's plan holds under assumptions the user should know about."""
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """What the backend decided for one joint graph, with the simulator's figures."""
+
+    index: int
+    key: str
+    num_nodes: int
+    budget_bytes: int
+    static_bytes: int
+    eager_peak_bytes: int
+    predicted_peak_bytes: int
+    """Simulated peak of the compiled step (forward then the backward order the split made)."""
+    baseline_time_s: float
+    predicted_time_s: float
+    saved_bytes: int
+    """Bytes of the activations saved for the backward (held across later graphs)."""
+    num_saved: int
+    num_recomputed: int
+    rng_replayed: tuple[str, ...]
+    solve_time_s: float
+    symbolic: bool
+    fits: bool
+    partition: Partition
+    ir: JointIR
+    split: Split
+
+    @property
+    def predicted_overhead(self) -> float:
+        return self.predicted_time_s / self.baseline_time_s - 1 if self.baseline_time_s else 0.0
+
+
+class _Partitioner(CustomPartitionerFn):
+    """Inductor's ``custom_partitioner_fn`` hook, calling back into the backend."""
+
+    def __init__(self, backend: RematBackend) -> None:
+        self.backend = backend
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        kwargs.pop("compiler", None)
+        return self.backend.partition(gm, joint_inputs, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Partitioner:
+        # Inductor copies its config (debug and repro strings); the backend it calls back
+        # into holds FX graphs of fake tensors, which do not copy. One instance is enough.
+        return self
+
+    def uuid(self) -> Any | None:
+        # The partition depends on the budget left by the graphs compiled before this one:
+        # never reuse a cached compile.
+        return None
+
+
+class RematBackend:
+    """A torch.compile backend (``torch.compile(model, backend=RematBackend(...))``).
+
+    Parameters
+    ----------
+    budget
+        Device bytes for the step (``"12GiB"``, an int), or a share of each graph's uncompiled
+        need (``"70%"``, ``0.7``): see the module docstring.
+    solver
+        The remat solver (``remat.solver.available()``) whose plan on each graph's IR seeds the
+        search in the partitioner's class; ``"greedy"`` runs the class search alone.
+    time_limit_s
+        Seconds per graph for the solver and the search together.
+    compiler
+        ``"inductor"`` (default), ``"aot_eager"`` (run the FX graphs as they are), or a
+        callable ``(gm, example_inputs) -> callable`` that compiles the forward and the backward
+        graph (as AOT autograd's ``fw_compiler`` and ``bw_compiler``).
+    cost
+        The cost model for the IR's node times: a device profile name (``"cpu"``, ``"h100"``)
+        or ``"flops"``.
+    exact_random
+        With inductor, draw random numbers with eager's kernels (``fallback_random``) so that
+        dropout gives the uncompiled step's numbers.
+    """
+
+    def __init__(
+        self,
+        budget: BudgetSpec,
+        *,
+        solver: str = "auto",
+        time_limit_s: float = 30.0,
+        compiler: Compiler = "inductor",
+        cost: str = "cpu",
+        exact_random: bool = True,
+    ) -> None:
+        self.budget = parse_budget(budget)
+        if solver != "greedy":
+            from remat.solver import available
+
+            if solver not in available():
+                raise ValueError(
+                    f"solver: unknown solver {solver!r}; use 'greedy' or one of {available()}"
+                )
+        if not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
+            raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
+        if not (callable(compiler) or compiler in ("inductor", "aot_eager")):
+            raise ValueError(
+                f"compiler must be 'inductor', 'aot_eager' or a callable, got {compiler!r}"
+            )
+        self.solver = solver
+        self.time_limit_s = float(time_limit_s)
+        self.compiler = compiler
+        self.cost = cost
+        self.exact_random = exact_random
+        self.plans: dict[str, GraphPlan] = {}
+        self._count = 0
+
+    # -- the dynamo backend -----------------------------------------------------------------
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if self.compiler == "inductor":
+            from torch._inductor import config as inductor_config
+            from torch._inductor.compile_fx import compile_fx
+
+            # No compile caches: the partition depends on the budget left by earlier graphs.
+            patch: dict[str, Any] = {
+                "custom_partitioner_fn": _Partitioner(self),
+                "fx_graph_cache": False,
+            }
+            if self.exact_random:
+                patch["fallback_random"] = True
+            with (
+                inductor_config.patch(patch),
+                torch._functorch.config.patch(
+                    force_non_lazy_backward_lowering=True, enable_autograd_cache=False
+                ),
+            ):
+                return compile_fx(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        # aot_eager: torch's boxed runner, which frees each input (saved tensors included) after
+        # its last use, as inductor's code does.
+        inner = self.compiler if callable(self.compiler) else boxed_nop
+
+        compiled = aot_autograd(
+            fw_compiler=inner,
+            bw_compiler=inner,
+            partition_fn=self.partition,
+            keep_inference_input_mutations=True,
+        )
+        return compiled(gm, example_inputs)
+
+    # -- the partition function -------------------------------------------------------------
+
+    def partition(
+        self,
+        joint: torch.fx.GraphModule,
+        joint_inputs: Sequence[object],
+        *,
+        num_fwd_outputs: int,
+        static_lifetime_input_indices: list[int] | None = None,
+        **_: Any,
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        """AOT autograd's ``partition_fn``: map, solve in the class, split."""
+        t0 = time.perf_counter()
+        joint.graph.eliminate_dead_code()
+        joint.recompile()
+        key = _graph_key()
+        index = self.plans[key].index if key in self.plans else self._count
+        if key not in self.plans:
+            self._count += 1
+        jir = joint_to_ir(
+            joint,
+            num_fwd_outputs=num_fwd_outputs,
+            static_input_indices=static_lifetime_input_indices or (),
+            cost=self.cost,
+            name=f"graph{index}",
+        )
+        if jir.symbolic:
+            warnings.warn(
+                f"remat: graph {index} has symbolic sizes; it is planned at the sizes of this "
+                "call, and the budget holds for those (compile with dynamic=False to plan "
+                "each shape)",
+                RematCompileWarning,
+                stacklevel=2,
+            )
+        graph = jir.graph
+        model = PartitionModel(graph, rng_state_bytes=RNG_STATE_BYTES)
+        eager = simulate(graph, eager_plan(graph))
+        budget_bytes = self._graph_budget(key, graph.static_bytes, eager.peak_dynamic_bytes)
+        seeds: list[set[str]] = []
+        full = model.partition(model.read_by_backward)
+        if full.peak_bytes > budget_bytes and self.solver != "greedy":
+            from remat.solver import solve
+
+            try:
+                res = solve(
+                    graph, budget_bytes, solver=self.solver, time_limit_s=self.time_limit_s / 2
+                )
+                if res.plan is not None:
+                    seeds.append(model.saved_from_plan(res.plan))
+            except InfeasibleBudgetError:
+                pass
+        left = max(self.time_limit_s - (time.perf_counter() - t0), 1.0)
+        best, lowest = search_partition(model, budget_bytes, seeds=seeds, time_limit_s=left)
+        split = split_joint(
+            jir,
+            best,
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static_lifetime_input_indices,
+        )
+        # The figures of what will run: the forward and backward orders the split produced.
+        plan = model.plan_for_orders(split.forward_order, split.backward_order, best.saved)
+        sim = simulate(graph, plan)
+        rng_bytes = RNG_STATE_BYTES * len(split.rng_replayed)
+        predicted = sim.peak_bytes + rng_bytes
+        saved_bytes = sum(model.size[v] for v in best.saved) + rng_bytes
+        fits = predicted <= budget_bytes
+        self.plans[key] = GraphPlan(
+            index=index,
+            key=key,
+            num_nodes=graph.num_nodes,
+            budget_bytes=budget_bytes,
+            static_bytes=graph.static_bytes,
+            eager_peak_bytes=eager.peak_bytes,
+            predicted_peak_bytes=predicted,
+            baseline_time_s=eager.total_time_s,
+            predicted_time_s=sim.total_time_s,
+            saved_bytes=saved_bytes,
+            num_saved=len(best.saved),
+            num_recomputed=len(best.recomputed),
+            rng_replayed=tuple(split.rng_replayed),
+            solve_time_s=time.perf_counter() - t0,
+            symbolic=jir.symbolic,
+            fits=fits,
+            partition=best,
+            ir=jir,
+            split=split,
+        )
+        if not fits:
+            raise InfeasibleBudgetError(
+                f"remat: graph {index} ({graph.num_nodes} nodes) needs at least "
+                f"{format_bytes(lowest.peak_bytes)} in the partitioner's class, its budget is "
+                f"{format_bytes(budget_bytes)}",
+                min_budget_bytes=lowest.peak_bytes,
+            )
+        return split.forward, split.backward
+
+    def _graph_budget(self, key: str, static_bytes: int, eager_dynamic_bytes: int) -> int:
+        if isinstance(self.budget, float):
+            return static_bytes + int(self.budget * eager_dynamic_bytes)
+        held = sum(p.static_bytes + p.saved_bytes for k, p in self.plans.items() if k != key)
+        return self.budget - held
+
+    # -- figures for the whole step ---------------------------------------------------------
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The step's simulated peak over all graphs compiled so far (module docstring)."""
+        plans = sorted(self.plans.values(), key=lambda p: p.index)
+        static = sum(p.static_bytes for p in plans)
+        peak = 0
+        held = 0
+        for p in plans:
+            peak = max(peak, held + p.predicted_peak_bytes - p.static_bytes)
+            held += p.saved_bytes
+        return static + peak
+
+    def check(self) -> bool:
+        """Whether the step's predicted peak fits a budget in bytes (True for fractions)."""
+        if isinstance(self.budget, float):
+            return all(p.fits for p in self.plans.values())
+        return self.predicted_peak_bytes <= self.budget
+
+    def reset(self) -> None:
+        """Forget the graphs planned so far (after ``torch._dynamo.reset()``)."""
+        self.plans.clear()
+        self._count = 0
+
+
+def _graph_key() -> str:
+    """The frame being compiled, so a recompilation replaces that graph's entry."""
+    from torch._guards import CompileContext
+
+    cid = CompileContext.current_compile_id()
+    if cid is None:
+        return f"graph-{time.monotonic_ns()}"
+    return f"{cid.frame_id}"
+
+
+def backend(
+    budget: BudgetSpec,
+    *,
+    solver: str = "auto",
+    time_limit_s: float = 30.0,
+    compiler: Compiler = "inductor",
+    cost: str = "cpu",
+    exact_random: bool = True,
+) -> RematBackend:
+    """A torch.compile backend planned by remat: ``torch.compile(model,
+    backend=remat.backend(budget="12GiB"))``. See :class:`RematBackend`."""
+    return RematBackend(
+        budget,
+        solver=solver,
+        time_limit_s=time_limit_s,
+        compiler=compiler,
+        cost=cost,
+        exact_random=exact_random,
+    )
+
+
+def compile(
+    model: nn.Module | Callable[..., Any],
+    budget: BudgetSpec,
+    *,
+    solver: str = "auto",
+    time_limit_s: float = 30.0,
+    compiler: Compiler = "inductor",
+    cost: str = "cpu",
+    exact_random: bool = True,
+    **compile_kwargs: Any,
+) -> Any:
+    """``torch.compile(model, backend=remat.backend(budget, ...), dynamic=False)``; the
+    backend is the result's ``remat_backend`` attribute when the result takes attributes."""
+    be = backend(
+        budget,
+        solver=solver,
+        time_limit_s=time_limit_s,
+        compiler=compiler,
+        cost=cost,
+        exact_random=exact_random,
+    )
+    compile_kwargs.setdefault("dynamic", False)
+    compiled = torch.compile(model, backend=be, **compile_kwargs)
+    with contextlib.suppress(AttributeError, TypeError):
+        compiled.remat_backend = be
+    return compiled
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield

@@ -1,0 +1,134 @@
+"""remat's torch.compile backend on the CPU: gradients, measured peak against the budget and
+the prediction, monotone peaks; the partition class on a hand-made graph."""
+
+from __future__ import annotations
+
+import pytest
+
+from examples.models import build_gpt
+from remat.executor.compile import RematBackend, backend
+from remat.executor.compile.partition import PartitionModel, search_partition
+from remat.executor.compile.run import compiled_step, eager_reference
+from remat.ir import Graph, InfeasibleBudgetError, Node, Value
+
+FIVE_BUDGETS = ("100%", "85%", "70%", "60%", "50%")
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model, inputs, loss_fn = build_gpt(batch=2, seq=32, vocab=256, d_model=64, n_layers=2)
+    return model, inputs, loss_fn, eager_reference(model, inputs, loss_fn)
+
+
+def _run(gpt, budget, compiler="aot_eager"):
+    model, inputs, loss_fn, ref = gpt
+    be = backend(budget, compiler=compiler, solver="greedy", time_limit_s=20)
+    run = compiled_step(model, inputs, loss_fn, be, ref)
+    (plan,) = be.plans.values()
+    return be, plan, run
+
+
+def test_aot_eager_gpt_five_budgets_exact_and_monotone(gpt):
+    peaks = []
+    for budget in FIVE_BUDGETS:
+        _, plan, run = _run(gpt, budget)
+        measured = run.memory.peak_bytes
+        # Dropout is replayed in the recomputation: the eager step's gradients, bit for bit.
+        assert run.max_grad_diff == 0.0, budget
+        assert measured <= plan.budget_bytes, budget
+        assert abs(measured - plan.predicted_peak_bytes) <= 0.05 * plan.predicted_peak_bytes
+        peaks.append(measured)
+    assert peaks == sorted(peaks, reverse=True), peaks
+    # The lowest budget needed recomputation (the class is exercised, not only "save all").
+    assert plan.num_recomputed > 0
+
+
+def test_recomputed_dropout_replays_the_random_numbers(gpt):
+    _, plan, run = _run(gpt, "55%")
+    assert plan.rng_replayed, "expected a recomputed dropout at this budget"
+    assert run.max_grad_diff == 0.0
+
+
+@pytest.mark.slow
+def test_inductor_gpt_within_budget_and_tolerance(gpt):
+    be, plan, run = _run(gpt, "70%", compiler="inductor")
+    assert run.max_grad_diff < 1e-4
+    assert run.memory.peak_bytes <= plan.budget_bytes
+    assert be.check()
+
+
+def test_infeasible_budget_names_the_smallest(gpt):
+    model, inputs, loss_fn, ref = gpt
+    be = backend(1000, compiler="aot_eager", solver="greedy", time_limit_s=5)
+    with pytest.raises(Exception) as info:
+        compiled_step(model, inputs, loss_fn, be, ref)
+    inner = info.value
+    while inner is not None and not isinstance(inner, InfeasibleBudgetError):
+        inner = inner.__cause__ or getattr(inner, "inner_exception", None)
+    assert isinstance(inner, InfeasibleBudgetError)
+    assert inner.min_budget_bytes and inner.min_budget_bytes > 1000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"budget": "lots"}, "budget"),
+        ({"budget": "50%", "solver": "nope"}, "solver"),
+        ({"budget": "50%", "time_limit_s": 0}, "time_limit_s"),
+        ({"budget": "50%", "compiler": "tvm"}, "compiler"),
+    ],
+)
+def test_bad_options_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        RematBackend(**kwargs)
+
+
+# -- the class on a hand-made graph -------------------------------------------------------------
+
+
+def _chain() -> Graph:
+    """x -> a -> b -> d -> c (loss); the backward reads d, then b, then a. Activations of 100
+    bytes, gradients of 10; a's op is slow (10 s), the others take 1 s."""
+    values = [
+        Value(id="x", size_bytes=10, kind="input"),
+        Value(id="a", size_bytes=100),
+        Value(id="b", size_bytes=100),
+        Value(id="d", size_bytes=100),
+        Value(id="c", size_bytes=4),
+        Value(id="gd", size_bytes=10, kind="gradient"),
+        Value(id="gb", size_bytes=10, kind="gradient"),
+        Value(id="ga", size_bytes=10, kind="gradient"),
+    ]
+    nodes = [
+        Node(id="fa", inputs=("x",), outputs=("a",), time_s=10.0),
+        Node(id="fb", inputs=("a",), outputs=("b",), time_s=1.0),
+        Node(id="fd", inputs=("b",), outputs=("d",), time_s=1.0),
+        Node(id="fc", inputs=("d",), outputs=("c",), time_s=1.0),
+        Node(id="bd", phase="backward", inputs=("d",), outputs=("gd",), time_s=1.0),
+        Node(id="bb", phase="backward", inputs=("b", "gd"), outputs=("gb",), time_s=1.0),
+        Node(id="ba", phase="backward", inputs=("a", "gb"), outputs=("ga",), time_s=1.0),
+    ]
+    return Graph(nodes=nodes, values=values, required=["ga", "c"])
+
+
+def test_partition_recomputes_what_is_not_saved():
+    model = PartitionModel(_chain())
+    assert model.read_by_backward == ["a", "b", "d"]
+    part = model.partition({"a", "d"})
+    assert part.recomputed == ("fb",)
+    assert part.backward_order == ("bd", "fb", "bb", "ba")
+    full = model.partition({"a", "b", "d"})
+    assert full.recomputed == ()
+    # Saving all: a, b, d, the loss and d's gradient at the first backward op (324 bytes with
+    # the input); recomputing b: the forward's a, b, d at fd (310 bytes) is the peak.
+    assert (full.peak_bytes, part.peak_bytes) == (324, 310)
+    assert part.total_time_s == pytest.approx(full.total_time_s + 1.0)
+
+
+def test_search_prefers_recomputing_the_cheap_value():
+    model = PartitionModel(_chain())
+    full = model.partition({"a", "b", "d"})
+    best, _ = search_partition(model, full.peak_bytes - 1, time_limit_s=5)
+    assert best.peak_bytes <= full.peak_bytes - 1
+    assert "a" in best.saved  # recompute b or d (1 s), never a (10 s)
+    assert best.total_time_s == pytest.approx(full.total_time_s + 1.0)
