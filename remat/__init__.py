@@ -63,7 +63,7 @@ def __getattr__(name: str) -> Any:
         return getattr(ex, name)
     if name in ("backend", "compile"):
         # torch.compile(model, backend=remat.backend(budget="12GiB")), remat.compile(model, ...)
-        import remat.executor.compile as rc
+        import remat.torch_compile as tc
 
-        return getattr(rc, name)
+        return getattr(tc, name)
     raise AttributeError(f"module 'remat' has no attribute {name!r}")

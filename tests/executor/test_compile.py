@@ -4,12 +4,14 @@ the prediction, monotone peaks; the partition class on a hand-made graph."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from examples.models import build_gpt
-from remat.executor.compile import RematBackend, backend
+from remat.executor.compile import RematBackend
 from remat.executor.compile.partition import PartitionModel, search_partition
 from remat.executor.compile.run import compiled_step, eager_reference
 from remat.ir import Graph, InfeasibleBudgetError, Node, Value
+from remat.torch_compile import backend
 
 FIVE_BUDGETS = ("100%", "85%", "70%", "60%", "50%")
 
@@ -22,7 +24,7 @@ def gpt():
 
 def _run(gpt, budget, compiler="aot_eager"):
     model, inputs, loss_fn, ref = gpt
-    be = backend(budget, compiler=compiler, solver="greedy", time_limit_s=20)
+    be = backend(budget, compiler=compiler, solver="greedy", time_limit_s=120)
     run = compiled_step(model, inputs, loss_fn, be, ref)
     (plan,) = be.plans.values()
     return be, plan, run
@@ -80,7 +82,65 @@ def test_infeasible_budget_names_the_smallest(gpt):
 )
 def test_bad_options_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        RematBackend(**kwargs)
+        backend(**kwargs)
+
+
+def test_auto_seed_and_short_form(gpt):
+    """remat.compile with the default solver: the seed plan is used, the plan fits."""
+    import remat
+
+    model, inputs, loss_fn, ref = gpt
+    step = remat.compile(
+        lambda *x: loss_fn(model(*x)), "60%", compiler="aot_eager", time_limit_s=10
+    )
+    be = step.remat_backend
+    assert isinstance(be, RematBackend) and be.seed is not None
+    run = compiled_step(model, inputs, loss_fn, be, ref)
+    (plan,) = be.plans.values()
+    assert run.max_grad_diff == 0.0
+    assert run.memory.peak_bytes <= plan.budget_bytes
+
+
+class _TwoGraphs(torch.nn.Module):
+    """Two blocks with a graph break between them: two joint graphs in one step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)
+        )
+        self.b = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 1)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h).sum()
+
+
+def test_graph_breaks_share_one_budget_in_bytes():
+    model = _TwoGraphs()
+    x = torch.randn(512, 64)
+    inputs = (x,)
+    ref = eager_reference(model, inputs, lambda out: out)
+    budget = ref.memory.peak_bytes
+    be = backend(budget, compiler="aot_eager", solver="greedy", time_limit_s=10)
+    run = compiled_step(model, inputs, lambda out: out, be, ref)
+    plans = sorted(be.plans.values(), key=lambda p: p.index)
+    assert len(plans) == 2
+    first, second = plans
+    # The second graph is planned under what the first leaves while it runs.
+    assert second.budget_bytes == budget - first.static_bytes - first.saved_bytes
+    assert be.check() and be.predicted_peak_bytes <= budget
+    assert run.memory.peak_bytes == be.predicted_peak_bytes
+    assert run.max_grad_diff == 0.0
+    # Less: the first graph takes the fastest plan within the budget, the second cannot fit in
+    # what it leaves; the error says so.
+    tight = backend(int(budget * 0.97), compiler="aot_eager", solver="greedy", time_limit_s=10)
+    with pytest.raises(Exception, match="held by the graphs compiled before it"):
+        compiled_step(model, inputs, lambda out: out, tight, ref)
 
 
 # -- the class on a hand-made graph -------------------------------------------------------------
@@ -132,3 +192,35 @@ def test_search_prefers_recomputing_the_cheap_value():
     assert best.peak_bytes <= full.peak_bytes - 1
     assert "a" in best.saved  # recompute b or d (1 s), never a (10 s)
     assert best.total_time_s == pytest.approx(full.total_time_s + 1.0)
+
+
+# -- the knapsack hook and torch's partitioner ---------------------------------------------------
+
+
+def test_knapsack_uuid_is_stable_and_names_its_settings():
+    from remat.executor.compile import RematKnapsack
+
+    assert RematKnapsack("8GiB").uuid() == RematKnapsack("8GiB").uuid()
+    assert RematKnapsack("8GiB").uuid() != RematKnapsack("4GiB").uuid()
+    with pytest.raises(ValueError, match="budget"):
+        RematKnapsack("lots")
+
+
+def test_knapsack_in_torchs_partitioner_judged_by_the_simulator(gpt):
+    from remat.executor.compile import RematKnapsack
+    from remat.executor.compile.evaluate import PartitionRecorder, torch_backend
+
+    model, inputs, loss_fn, ref = gpt
+    knapsack = RematKnapsack("60%", time_limit_s=10)
+    recorder = PartitionRecorder()
+    with torch._functorch.config.patch(
+        activation_memory_budget=0.5, activation_memory_budget_solver=knapsack
+    ):
+        run = compiled_step(
+            model, inputs, loss_fn, torch_backend(recorder, compiler="aot_eager"), ref
+        )
+    (judged,) = recorder.judged
+    assert knapsack.last_budget_bytes is not None
+    assert run.memory.peak_bytes <= judged.eager_peak_bytes
+    # The simulator on the partition torch made predicts what the step measures.
+    assert abs(run.memory.peak_bytes - judged.predicted_peak_bytes) <= 0.05 * run.memory.peak_bytes

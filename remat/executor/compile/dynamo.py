@@ -1,4 +1,4 @@
-"""``remat.backend(...)``: a torch.compile backend whose partition of each joint graph is
+""":class:`RematBackend`: a torch.compile backend whose partition of each joint graph is
 remat's, under a budget in bytes.
 
 Graph breaks
@@ -9,7 +9,10 @@ While graph ``k`` runs, every graph compiled before it holds its static bytes an
 for its backward (its backward runs after ``k``'s), so graph ``k`` is planned under the budget
 minus those bytes. Graphs compiled later are not known yet; their parameters are not in an
 earlier graph's figures, so after all graphs are compiled :attr:`RematBackend.predicted_peak_bytes`
-adds them up and :meth:`RematBackend.check` says whether the whole step fits. A recompilation of
+adds them up and :meth:`RematBackend.check` says whether the whole step fits. The first graphs
+take the fastest plan that fits what is left; a later graph that cannot fit in what they leave
+raises :class:`~remat.ir.InfeasibleBudgetError` naming the bytes they hold (earlier graphs are
+compiled already and are not planned again). A recompilation of
 the same code (a guard failed, a new shape) replaces that graph's entry instead of adding one.
 Memory held by eager code between the graphs (e.g. a loss computed outside the compiled
 region) is not part of any graph.
@@ -23,30 +26,35 @@ A graph compiled with symbolic sizes is planned at the sizes of the call that tr
 compilation (the symbols' hints); the budget holds for those sizes, and a larger input can take
 more memory. The backend warns when it plans a symbolic graph. ``remat.compile`` compiles with
 ``dynamic=False``, so every new shape is compiled and planned again.
+
+``remat.backend`` and ``remat.compile`` (:mod:`remat.torch_compile`) build this backend with a
+remat solver as its seed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
-from torch import nn
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from remat.executor.compile.joint import JointIR, joint_to_ir
 from remat.executor.compile.partition import Partition, PartitionModel, search_partition
 from remat.executor.compile.split import RNG_STATE_BYTES, Split, split_joint
-from remat.ir import InfeasibleBudgetError, simulate
+from remat.ir import Graph, InfeasibleBudgetError, Plan, simulate
 from remat.ir.budget import BudgetSpec, format_bytes, parse_budget
 from remat.ir.plans import eager_plan
 
 Compiler = str | Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
+SeedFn = Callable[[Graph, int, float], Plan | None]
+"""``seed(graph, budget_bytes, time_limit_s) -> plan or None``: a remat solver's plan on a
+joint graph's IR, whose saved values start the class search (``remat.backend`` passes
+``remat.solve`` with the named solver; the executor does not import the solvers)."""
 
 
 class RematCompileWarning(UserWarning):
@@ -116,8 +124,10 @@ class RematBackend:
         Device bytes for the step (``"12GiB"``, an int), or a share of each graph's uncompiled
         need (``"70%"``, ``0.7``): see the module docstring.
     solver
-        The remat solver (``remat.solver.available()``) whose plan on each graph's IR seeds the
-        search in the partitioner's class; ``"greedy"`` runs the class search alone.
+        The name of the remat solver behind ``seed`` (for reports).
+    seed
+        A remat solver's plan on each graph's IR (see :data:`SeedFn`) whose saved values seed
+        the search in the partitioner's class; None: the class search alone.
     time_limit_s
         Seconds per graph for the solver and the search together.
     compiler
@@ -136,20 +146,14 @@ class RematBackend:
         self,
         budget: BudgetSpec,
         *,
-        solver: str = "auto",
+        solver: str = "greedy",
+        seed: SeedFn | None = None,
         time_limit_s: float = 30.0,
         compiler: Compiler = "inductor",
         cost: str = "cpu",
         exact_random: bool = True,
     ) -> None:
         self.budget = parse_budget(budget)
-        if solver != "greedy":
-            from remat.solver import available
-
-            if solver not in available():
-                raise ValueError(
-                    f"solver: unknown solver {solver!r}; use 'greedy' or one of {available()}"
-                )
         if not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
             raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
         if not (callable(compiler) or compiler in ("inductor", "aot_eager")):
@@ -157,6 +161,7 @@ class RematBackend:
                 f"compiler must be 'inductor', 'aot_eager' or a callable, got {compiler!r}"
             )
         self.solver = solver
+        self.seed = seed
         self.time_limit_s = float(time_limit_s)
         self.compiler = compiler
         self.cost = cost
@@ -240,17 +245,13 @@ class RematBackend:
         budget_bytes = self._graph_budget(key, graph.static_bytes, eager.peak_dynamic_bytes)
         seeds: list[set[str]] = []
         full = model.partition(model.read_by_backward)
-        if full.peak_bytes > budget_bytes and self.solver != "greedy":
-            from remat.solver import solve
-
+        if full.peak_bytes > budget_bytes and self.seed is not None:
             try:
-                res = solve(
-                    graph, budget_bytes, solver=self.solver, time_limit_s=self.time_limit_s / 2
-                )
-                if res.plan is not None:
-                    seeds.append(model.saved_from_plan(res.plan))
+                plan = self.seed(graph, budget_bytes, self.time_limit_s / 2)
             except InfeasibleBudgetError:
-                pass
+                plan = None
+            if plan is not None:
+                seeds.append(model.saved_from_plan(plan))
         left = max(self.time_limit_s - (time.perf_counter() - t0), 1.0)
         best, lowest = search_partition(model, budget_bytes, seeds=seeds, time_limit_s=left)
         split = split_joint(
@@ -288,10 +289,17 @@ class RematBackend:
             split=split,
         )
         if not fits:
+            held = (
+                ""
+                if isinstance(self.budget, float) or not index
+                else f" ({format_bytes(self.budget - budget_bytes)} of the step's budget are "
+                "held by the graphs compiled before it: their parameters, gradients and saved "
+                "activations)"
+            )
             raise InfeasibleBudgetError(
                 f"remat: graph {index} ({graph.num_nodes} nodes) needs at least "
                 f"{format_bytes(lowest.peak_bytes)} in the partitioner's class, its budget is "
-                f"{format_bytes(budget_bytes)}",
+                f"{format_bytes(budget_bytes)}{held}",
                 min_budget_bytes=lowest.peak_bytes,
             )
         return split.forward, split.backward
@@ -336,57 +344,3 @@ def _graph_key() -> str:
     if cid is None:
         return f"graph-{time.monotonic_ns()}"
     return f"{cid.frame_id}"
-
-
-def backend(
-    budget: BudgetSpec,
-    *,
-    solver: str = "auto",
-    time_limit_s: float = 30.0,
-    compiler: Compiler = "inductor",
-    cost: str = "cpu",
-    exact_random: bool = True,
-) -> RematBackend:
-    """A torch.compile backend planned by remat: ``torch.compile(model,
-    backend=remat.backend(budget="12GiB"))``. See :class:`RematBackend`."""
-    return RematBackend(
-        budget,
-        solver=solver,
-        time_limit_s=time_limit_s,
-        compiler=compiler,
-        cost=cost,
-        exact_random=exact_random,
-    )
-
-
-def compile(
-    model: nn.Module | Callable[..., Any],
-    budget: BudgetSpec,
-    *,
-    solver: str = "auto",
-    time_limit_s: float = 30.0,
-    compiler: Compiler = "inductor",
-    cost: str = "cpu",
-    exact_random: bool = True,
-    **compile_kwargs: Any,
-) -> Any:
-    """``torch.compile(model, backend=remat.backend(budget, ...), dynamic=False)``; the
-    backend is the result's ``remat_backend`` attribute when the result takes attributes."""
-    be = backend(
-        budget,
-        solver=solver,
-        time_limit_s=time_limit_s,
-        compiler=compiler,
-        cost=cost,
-        exact_random=exact_random,
-    )
-    compile_kwargs.setdefault("dynamic", False)
-    compiled = torch.compile(model, backend=be, **compile_kwargs)
-    with contextlib.suppress(AttributeError, TypeError):
-        compiled.remat_backend = be
-    return compiled
-
-
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield

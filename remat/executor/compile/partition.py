@@ -256,8 +256,12 @@ def search_partition(
     seeds: Sequence[Iterable[str]] = (),
     time_limit_s: float = 30.0,
     candidates_per_step: int = 8,
+    droppable: Iterable[str] | None = None,
 ) -> tuple[Partition, Partition]:
     """Search the class for the fastest partition within ``budget_bytes``.
+
+    ``droppable`` restricts the values that may be recomputed (the others the backward reads
+    stay saved): the knapsack hook's candidates.
 
     Returns
     -------
@@ -273,14 +277,18 @@ def search_partition(
     # Starts: everything the backward reads; the outputs of compute-bound ops only (cheap
     # pointwise ops recomputed, as torch's partitioner prefers); nothing (all recomputed);
     # then the given seeds.
-    starts = [set(model.read_by_backward), _compute_bound(model), set()]
+    every = set(model.read_by_backward)
+    free = every if droppable is None else set(droppable) & every
+    fixed = every - free
+    starts = [every, _compute_bound(model), set()]
     starts += [set(s) for s in seeds]
+    starts = [fixed | (s & free) for s in starts]
     for start in starts:
         part = model.partition(start)
         found.append(part)
-        part = _descend(model, part, budget_bytes, deadline, candidates_per_step, found)
+        part = _descend(model, part, budget_bytes, deadline, candidates_per_step, found, free)
         if part.peak_bytes <= budget_bytes:
-            part = _add_back(model, part, budget_bytes, deadline, found)
+            part = _add_back(model, part, budget_bytes, deadline, found, free)
         found.append(part)
         if time.monotonic() > deadline:
             break
@@ -309,13 +317,18 @@ def _descend(
     deadline: float,
     k: int,
     found: list[Partition],
+    free: set[str],
 ) -> Partition:
     """Drop saved values alive at the peak until the peak fits (greedy, simulator-judged)."""
     tried_dead: set[str] = set()
     while part.peak_bytes > budget_bytes and time.monotonic() < deadline:
         live = model.live_at_peak(part)
         cands = sorted(
-            (v for v in part.saved if v in live and v not in model.pinned and v not in tried_dead),
+            (
+                v
+                for v in part.saved & free
+                if v in live and v not in model.pinned and v not in tried_dead
+            ),
             key=lambda v: -model.size[v],
         )[:k]
         if not cands:
@@ -353,9 +366,10 @@ def _add_back(
     budget_bytes: int,
     deadline: float,
     found: list[Partition],
+    free: set[str],
 ) -> Partition:
     """Save again dropped values (most recompute time first) while the peak still fits."""
-    dropped = [v for v in model.read_by_backward if v not in part.saved]
+    dropped = [v for v in model.read_by_backward if v not in part.saved and v in free]
     dropped.sort(key=lambda v: -model.node[model.producer[v]].time_s)
     for v in dropped:
         if time.monotonic() > deadline:

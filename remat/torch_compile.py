@@ -1,0 +1,104 @@
+"""``remat.backend`` and ``remat.compile``: torch.compile planned by remat.
+
+    model = torch.compile(model, backend=remat.backend(budget="12GiB"))
+    model = remat.compile(model, budget="12GiB")          # the same, dynamic=False
+
+The backend (:class:`remat.executor.compile.RematBackend`) lives in the executor; this module
+joins it to the solvers (which the executor does not import): the named solver's plan on each
+joint graph's IR seeds the search in the partitioner's class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from remat.ir import Graph, InfeasibleBudgetError, Plan
+from remat.ir.budget import BudgetSpec
+
+
+def _seed(solver: str) -> Callable[[Graph, int, float], Plan | None] | None:
+    if solver == "greedy":
+        return None
+    from remat.solver import available, solve
+
+    if solver not in available():
+        raise ValueError(f"solver: unknown solver {solver!r}; use 'greedy' or one of {available()}")
+
+    def seed(graph: Graph, budget_bytes: int, time_limit_s: float) -> Plan | None:
+        try:
+            return solve(graph, budget_bytes, solver=solver, time_limit_s=time_limit_s).plan
+        except InfeasibleBudgetError:
+            return None
+
+    return seed
+
+
+def backend(
+    budget: BudgetSpec,
+    *,
+    solver: str = "auto",
+    time_limit_s: float = 30.0,
+    compiler: Any = "inductor",
+    cost: str = "cpu",
+    exact_random: bool = True,
+) -> Any:
+    """A torch.compile backend whose partitions remat plans under ``budget``.
+
+    Parameters
+    ----------
+    budget
+        Device bytes for the step (``"12GiB"``, an int) shared by its graphs, or a share of
+        each graph's uncompiled need (``"70%"``).
+    solver
+        A registered remat solver whose plan seeds the class search, or ``"greedy"`` for the
+        class search alone.
+    time_limit_s
+        Seconds per graph for the solver and the search.
+    compiler
+        ``"inductor"``, ``"aot_eager"`` or a callable compiling the forward and backward graphs.
+
+    See :class:`remat.executor.compile.RematBackend` for graph breaks and dynamic shapes.
+    """
+    from remat.executor.compile import RematBackend
+
+    return RematBackend(
+        budget,
+        solver=solver,
+        seed=_seed(solver),
+        time_limit_s=time_limit_s,
+        compiler=compiler,
+        cost=cost,
+        exact_random=exact_random,
+    )
+
+
+def compile(
+    model: Any,
+    budget: BudgetSpec,
+    *,
+    solver: str = "auto",
+    time_limit_s: float = 30.0,
+    compiler: Any = "inductor",
+    cost: str = "cpu",
+    exact_random: bool = True,
+    **compile_kwargs: Any,
+) -> Any:
+    """``torch.compile(model, backend=remat.backend(budget, ...), dynamic=False)``. The
+    backend (with its per-graph plans) is the result's ``remat_backend`` attribute."""
+    import torch
+
+    be = backend(
+        budget,
+        solver=solver,
+        time_limit_s=time_limit_s,
+        compiler=compiler,
+        cost=cost,
+        exact_random=exact_random,
+    )
+    compile_kwargs.setdefault("dynamic", False)
+    compiled = torch.compile(model, backend=be, **compile_kwargs)
+    with contextlib.suppress(AttributeError, TypeError):
+        compiled.remat_backend = be
+    return compiled
