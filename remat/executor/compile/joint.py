@@ -8,7 +8,10 @@ several tangents, and the backward runs as one FX graph, not as autograd nodes. 
 
 * every storage is one IR :class:`~remat.ir.Value`, every op that creates storages one
   :class:`~remat.ir.Node` with the FX node's name as id (views, aliases and ``getitem`` fold
-  into the ops that read them), as the tracer maps a captured step;
+  into the ops that read them), sized and named by the tracer's rules
+  (:func:`remat.tracer.fx_to_ir.storage_bytes`, ``op_name``), as the tracer maps a captured
+  step (its :func:`~remat.tracer.fx_to_ir.joint_to_ir` expects the tracer's own signature:
+  parameters first, one tangent, a loss);
 * phases come from the data flow, as AOT autograd's partitioners decide them: an op that the
   forward outputs need is ``forward``, every other op ``backward`` (it runs in the backward
   graph, from the saved values);
@@ -40,6 +43,7 @@ from remat.ir import DeviceProfile, Graph, Node, Value
 from remat.ir.devices import roofline_time_s
 from remat.tracer.costs import bytes_moved, resolve_cost
 from remat.tracer.flops import node_flops
+from remat.tracer.fx_to_ir import dtype_name, op_name, storage_bytes
 
 _getitem = operator.getitem
 
@@ -101,10 +105,14 @@ def _int(x: Any) -> tuple[int, bool]:
     return int(x), False
 
 
-def _nbytes(t: torch.Tensor) -> tuple[int, bool]:
+def _nbytes(t: torch.Tensor, fx: torch.fx.Node) -> tuple[int, bool]:
+    """The storage's bytes as the eager CPU kernel allocates it (the tracer's rule), at the
+    size hints when sizes are symbolic."""
     try:
-        n, sym = _int(t.untyped_storage().nbytes())
-        return n, sym
+        n = t.untyped_storage().nbytes()
+        if isinstance(n, torch.SymInt):
+            return _int(n)
+        return storage_bytes(t, fx), False
     except Exception:  # a storage of symbolic size: from the shape's hints
         numel, sym = 1, True
         for s in t.shape:
@@ -148,12 +156,6 @@ def _elem_node(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
         if u.target is _getitem and u.args[1] == i:
             return u
     return None
-
-
-def op_name(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
-    return getattr(target, "__name__", str(target))
 
 
 def is_rng(target: Any) -> bool:
@@ -210,7 +212,7 @@ def joint_to_ir(
         value_fx[vid] = fx
         fx_value[fx.name] = vid
         kinds[vid] = kind
-        sizes[vid], sym = _nbytes(t)
+        sizes[vid], sym = _nbytes(t, fx)
         symbolic = symbolic or sym
 
     def storage_of(t: torch.Tensor) -> str | None:
@@ -351,7 +353,7 @@ def joint_to_ir(
             id=vid,
             size_bytes=sizes[vid],
             kind=kinds[vid],  # type: ignore[arg-type]
-            dtype=str(t.dtype).removeprefix("torch."),
+            dtype=dtype_name(t.dtype),
         )
         for vid, t in base.items()
     ]
