@@ -41,10 +41,13 @@ def test_aot_eager_gpt_five_budgets_exact_and_monotone(gpt):
         assert abs(measured - plan.predicted_peak_bytes) <= 0.05 * plan.predicted_peak_bytes
         peaks.append(measured)
     assert peaks == sorted(peaks, reverse=True), peaks
-    # The lowest budget needed recomputation (the class is exercised, not only "save all").
+    # The lowest budget needed recomputation (the class is exercised, not only "save all"),
+    # dropout included: its random numbers were replayed (the gradients above are exact).
     assert plan.num_recomputed > 0
+    assert plan.rng_replayed
 
 
+@pytest.mark.slow
 def test_recomputed_dropout_replays_the_random_numbers(gpt):
     _, plan, run = _run(gpt, "55%")
     assert plan.rng_replayed, "expected a recomputed dropout at this budget"
@@ -59,6 +62,7 @@ def test_inductor_gpt_within_budget_and_tolerance(gpt):
     assert be.check()
 
 
+@pytest.mark.slow
 def test_infeasible_budget_names_the_smallest(gpt):
     model, inputs, loss_fn, ref = gpt
     be = backend(1000, compiler="aot_eager", solver="greedy", time_limit_s=5)
@@ -85,6 +89,7 @@ def test_bad_options_name_the_field(kwargs, field):
         backend(**kwargs)
 
 
+@pytest.mark.slow
 def test_auto_seed_and_short_form(gpt):
     """remat.compile with the default solver: the seed plan is used, the plan fits."""
     import remat
@@ -120,6 +125,7 @@ class _TwoGraphs(torch.nn.Module):
         return self.b(h).sum()
 
 
+@pytest.mark.slow
 def test_graph_breaks_share_one_budget_in_bytes():
     model = _TwoGraphs()
     x = torch.randn(512, 64)
@@ -206,6 +212,7 @@ def test_knapsack_uuid_is_stable_and_names_its_settings():
         RematKnapsack("lots")
 
 
+@pytest.mark.slow
 def test_knapsack_in_torchs_partitioner_judged_by_the_simulator(gpt):
     from remat.executor.compile import RematKnapsack
     from remat.executor.compile.evaluate import PartitionRecorder, torch_backend
