@@ -8,8 +8,9 @@ backward) per system:
 * ``remat``: ``remat.backend(budget_bytes)`` (solver ``auto`` as the seed);
 * ``remat-knapsack``: torch's partitioner with ``RematKnapsack(budget_bytes)`` as its knapsack;
 * ``torch-dp`` / ``torch-greedy`` / ``torch-ilp``: torch's ``activation_memory_budget`` with
-  that knapsack, the fraction chosen (from 1.0 down to 0.0, probed on the partition alone) as
-  the largest whose simulated peak fits the same bytes, else the one with the lowest peak.
+  that knapsack, the fraction chosen (1.0 down to 0.0, probed on the partition of the
+  ``aot_eager`` joint graph, without compiling) as the one whose simulated peak is the largest
+  that fits the same bytes, else the one with the lowest peak.
 
 Columns: measured peak (the storage tracker, exact on the CPU), the simulator's peak and
 overhead on the partition each system made (one judge for all), the measured step-time ratio
@@ -106,48 +107,56 @@ MODELS: dict[str, Callable[[], Built]] = {
     "gpt2": build_gpt2,
     "llama": build_llama,
 }
-FRACTIONS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
+FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.0)
 
 
-class _Probed(Exception):
-    """Raised after the partition is judged, to skip lowering while probing a fraction."""
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of a joint graph module that a partitioner may change (node metas shared)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
 
 
-def probe(built: Built, solver: str, fraction: float) -> JudgedPartition:
-    """The simulator's figures of torch's partition at ``fraction``, without compiling it."""
+def capture_joint(built: Built) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
+    """The step's joint graph (one dynamo graph) and the partitioner's keyword arguments."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
     model, inputs, loss_fn = built
-    recorder = PartitionRecorder()
-    inner = recorder.partition_fn
+    got: dict[str, Any] = {}
 
-    def partition(gm: Any, joint_inputs: Any, **kw: Any) -> Any:
-        fw, bw = inner(gm, joint_inputs, **kw)
-        from remat.executor.compile.evaluate import judge
+    def partition(gm: torch.fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+        got["joint"], got["kw"] = _copy(gm), dict(kw)
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kw)
 
-        recorder.judged.append(
-            judge(
-                gm,
-                fw,
-                bw,
-                num_fwd_outputs=kw["num_fwd_outputs"],
-                static_lifetime_input_indices=kw.get("static_lifetime_input_indices") or (),
-            )
-        )
-        raise _Probed()
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
 
-    recorder.partition_fn = partition
     torch._dynamo.reset()
-    fn = torch.compile(
-        lambda *x: loss_fn(model(*x)), backend=torch_backend(recorder, compiler="aot_eager")
-    )
+    be = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition)
+    fn = torch.compile(lambda *x: loss_fn(model(*x)), backend=be, dynamic=False)
+    fn(*inputs)
+    return got["joint"], got["kw"]
+
+
+def probe(joint: torch.fx.GraphModule, kw: dict[str, Any], solver: str, fraction: float) -> Any:
+    """The simulator's figures of torch's partition at ``fraction`` (no compile)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from remat.executor.compile.evaluate import judge
+
+    gm = _copy(joint)
     with torch._functorch.config.patch(
         activation_memory_budget=fraction, activation_memory_budget_solver=solver
     ):
-        try:
-            fn(*inputs)
-        except Exception as exc:  # dynamo wraps _Probed
-            if not recorder.judged:
-                raise RuntimeError(f"probe {solver} {fraction} failed: {exc}") from exc
-    return recorder.judged[0]
+        fw, bw = min_cut_rematerialization_partition(gm, None, compiler="inductor", **kw)
+    return judge(
+        gm,
+        fw,
+        bw,
+        num_fwd_outputs=kw["num_fwd_outputs"],
+        static_lifetime_input_indices=kw.get("static_lifetime_input_indices") or (),
+    )
 
 
 def run_system(
@@ -221,9 +230,13 @@ def main() -> int:
             f"{format_bytes(eager.peak_bytes):>11} {'':>11} {'':>8} {'1.00':>6}"
         )
         probes: dict[str, list[tuple[float, JudgedPartition]]] = {}
-        for s in systems:
-            if s.startswith("torch-"):
-                probes[s] = [(f, probe(built, s.removeprefix("torch-"), f)) for f in FRACTIONS]
+        if any(s.startswith("torch-") for s in systems):
+            joint, kw = capture_joint(built)
+            for s in systems:
+                if s.startswith("torch-"):
+                    probes[s] = [
+                        (f, probe(joint, kw, s.removeprefix("torch-"), f)) for f in FRACTIONS
+                    ]
         for pct in [int(b) for b in args.budgets.split(",")]:
             budget = eager.static_bytes + int(pct / 100 * eager.peak_dynamic_bytes)
             rows: dict[str, tuple[float, int, float]] = {}

@@ -231,3 +231,51 @@ def test_knapsack_in_torchs_partitioner_judged_by_the_simulator(gpt):
     assert run.memory.peak_bytes <= judged.eager_peak_bytes
     # The simulator on the partition torch made predicts what the step measures.
     assert abs(run.memory.peak_bytes - judged.predicted_peak_bytes) <= 0.05 * run.memory.peak_bytes
+
+
+class _CausalLM(torch.nn.Module):
+    """transformers' GPT-2 with the user's own next-token loss (transformers' loss function
+    breaks the graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        cfg = GPT2Config(
+            vocab_size=512,
+            n_positions=64,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        self.lm = GPT2LMHeadModel(cfg).train()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.lm(input_ids=ids).logits
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
+        )
+
+
+@pytest.mark.slow
+def test_transformers_gpt2_five_budgets_exact_and_monotone():
+    pytest.importorskip("transformers")
+    model = _CausalLM()
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    ref = eager_reference(model, (ids,), lambda loss: loss)
+    peaks = []
+    for budget in FIVE_BUDGETS:
+        be = backend(budget, compiler="aot_eager", solver="greedy", time_limit_s=120)
+        run = compiled_step(model, (ids,), lambda loss: loss, be, ref)
+        (plan,) = be.plans.values()
+        assert run.max_grad_diff == 0.0, budget
+        assert run.memory.peak_bytes <= plan.budget_bytes, budget
+        assert abs(run.memory.peak_bytes - plan.predicted_peak_bytes) <= (
+            0.05 * plan.predicted_peak_bytes
+        )
+        peaks.append(run.memory.peak_bytes)
+    assert peaks == sorted(peaks, reverse=True), peaks

@@ -92,8 +92,9 @@ class PartitionModel:
         self.required = set(graph.required)
         # Backward nodes the gradients need (dead ones are dropped by the split).
         needed: set[str] = set()
-        stack = [self.producer[v] for v in graph.required if self.producer.get(v) not in fw]
-        stack = [s for s in stack if s is not None]
+        stack = [
+            p for v in graph.required if (p := self.producer.get(v)) is not None and p not in fw
+        ]
         while stack:
             nid = stack.pop()
             if nid in needed or nid in fw:
