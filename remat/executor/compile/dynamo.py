@@ -48,7 +48,7 @@ from remat.executor.compile.partition import Partition, PartitionModel, search_p
 from remat.executor.compile.split import RNG_STATE_BYTES, Split, split_joint
 from remat.ir import Graph, InfeasibleBudgetError, Plan, simulate
 from remat.ir.budget import BudgetSpec, format_bytes, parse_budget
-from remat.ir.plans import eager_plan
+from remat.ir.plan_builders import eager_plan
 
 Compiler = str | Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
 SeedFn = Callable[[Graph, int, float], Plan | None]

@@ -23,7 +23,7 @@ from remat.executor.compile.joint import joint_to_ir
 from remat.executor.compile.partition import PartitionModel
 from remat.executor.compile.split import RNG_STATE_BYTES
 from remat.ir import simulate
-from remat.ir.plans import eager_plan
+from remat.ir.plan_builders import eager_plan
 
 
 @dataclass(frozen=True)

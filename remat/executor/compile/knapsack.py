@@ -31,7 +31,7 @@ from remat.executor.compile.partition import PartitionModel, search_partition
 from remat.executor.compile.split import RNG_STATE_BYTES
 from remat.ir import simulate
 from remat.ir.budget import BudgetSpec, parse_budget
-from remat.ir.plans import eager_plan
+from remat.ir.plan_builders import eager_plan
 
 
 class RematKnapsack(CustomKnapsackSolver):
