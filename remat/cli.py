@@ -1,4 +1,4 @@
-"""The ``remat`` command: trace, solve, check, frontier, report, serve.
+"""The ``remat`` command: trace, solve, check, frontier, report, serve, worker.
 
 Exit status: 0 success; 1 a check failed (``check``), or no plan fits the budget (``solve``);
 2 bad input (a missing or malformed file, a graph that fails validation, an unknown solver, an
@@ -446,23 +446,46 @@ def _write_pictures(args: argparse.Namespace, graph: Graph, result: Any) -> list
     return wrote
 
 
+def _service_settings(args: argparse.Namespace, **more: object) -> Any:
+    from remat.api import Settings
+
+    try:
+        return Settings.from_env(
+            db_url=args.db,
+            workers=args.workers,
+            plugins=tuple(args.plugin) if args.plugin else None,
+            **more,
+        )
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from remat.api import Settings, create_app
+    from remat.api import create_app
 
+    settings = _service_settings(
+        args,
+        max_queue=args.max_queue,
+        api_keys=tuple(args.api_key) if args.api_key else None,
+        cors_origins=tuple(args.cors_origin) if args.cors_origin else None,
+    )
     try:
-        settings = Settings.from_env(
-            db_url=args.db,
-            workers=args.workers,
-            max_queue=args.max_queue,
-            api_keys=tuple(args.api_key) if args.api_key else None,
-            plugins=tuple(args.plugin) if args.plugin else None,
-        )
         app = create_app(settings)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from remat.api.jobs_worker import run_worker
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    run_worker(_service_settings(args))  # returns on SIGTERM or Ctrl-C
     return EXIT_OK
 
 
@@ -588,8 +611,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-queue", type=int, help="solves allowed to wait for a worker")
     sp.add_argument("--api-key", action="append", help="require this key (repeatable)")
     sp.add_argument("--plugin", action="append", help="module registering extra solvers")
+    sp.add_argument(
+        "--cors-origin", action="append", help="allow browser calls from this origin (repeatable)"
+    )
     sp.add_argument("--log-level", default="info")
     sp.set_defaults(fn=cmd_serve)
+
+    sp = sub.add_parser("worker", help="run jobs from the database (no HTTP); start any number")
+    sp.add_argument(
+        "--db", help="postgresql://... or the sqlite:///PATH that servers share (env REMAT_DB)"
+    )
+    sp.add_argument("--workers", type=int, help="solver processes: jobs run at once")
+    sp.add_argument("--plugin", action="append", help="module registering extra solvers")
+    sp.add_argument("--log-level", default="warning")
+    sp.set_defaults(fn=cmd_worker)
     return p
 
 

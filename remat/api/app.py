@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from remat import __version__
 from remat.api import errors
-from remat.api.body import install_openapi
+from remat.api.jobs_worker import make_pool
 from remat.api.limits import BodyLimit
-from remat.api.pool import WorkerPool
+from remat.api.openapi import install_openapi
+from remat.api.queue import open_queue
 from remat.api.routes import frontier, graphs, health, jobs, solve, solvers
 from remat.api.service import Service
 from remat.api.settings import Settings
@@ -47,14 +49,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             importlib.import_module(name)
         except ImportError as exc:
             raise ValueError(f"plugins: cannot import {name!r}: {exc}") from None
-    store = open_store(settings.db_url)
-    pool = WorkerPool(
-        settings.workers,
-        max_queue=settings.max_queue,
-        kill_grace_s=settings.kill_grace_s,
-        plugins=settings.plugins,
-    )
-    service = Service(settings, store, pool)
+    store = open_store(settings.db_url, timeout_s=settings.store_timeout_s)
+    pool = make_pool(settings)
+    parser = make_pool(settings, settings.parse_workers)
+    service = Service(settings, store, pool, open_queue(settings, store, pool), parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,8 +70,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service = service
     errors.install(app)
-    install_openapi(app)
+    install_openapi(app, settings)
     for module in (graphs, solve, jobs, frontier, solvers, health):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:  # off unless origins are listed: no browser page may call us
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type"],
+        )
     return app

@@ -1,6 +1,7 @@
 """How the service answers problems: one JSON shape, the field or limit named, never a trace.
 
-``{"detail": "message"}`` for 401/404/409/413/429/5xx and ``{"detail": [{"loc": [...], "msg":
+``{"detail": "message"}`` for 401/404/409/413/415/429/5xx (503 with ``Retry-After`` while the
+store is unavailable) and ``{"detail": [{"loc": [...], "msg":
 ..., "type": ...}]}`` for 422, the shape FastAPI uses for its own validation errors.
 """
 
@@ -15,7 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from remat.api.store import StoreUnavailable
+
 log = logging.getLogger("remat.api")
+
+RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -57,6 +62,15 @@ def install(app: FastAPI) -> None:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(
             {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse(
+            {"detail": "the store is unavailable just now; retry later"},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
     @app.exception_handler(RequestValidationError)

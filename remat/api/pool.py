@@ -7,7 +7,8 @@ dies (a segfault in a native solver, an out-of-memory kill, ``os._exit``) fails 
 was running: the pool notices the closed pipe, raises :class:`WorkerCrashed` for that task and
 starts a replacement. Cancelling a task kills its worker the same way, which is the only way to
 stop a solver that does not poll for cancellation; a worker still busy ``kill_grace_s`` after
-its task's time limit is killed too (:class:`WorkerTimeout`).
+its task's time limit is killed too (:class:`WorkerTimeout`). Each worker caps its own address
+space at ``memory_bytes`` (``RLIMIT_AS``), so one request cannot take the machine's memory.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class QueueFull(Exception):
 class _Worker:
     """One worker subprocess and its two pipes."""
 
-    def __init__(self, plugins: tuple[str, ...]) -> None:
+    def __init__(self, plugins: tuple[str, ...], memory_bytes: int) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
@@ -63,6 +64,7 @@ class _Worker:
                     "remat.api.worker",
                     str(to_child_r),
                     str(from_child_w),
+                    str(memory_bytes),
                     *plugins,
                 ],
                 pass_fds=(to_child_r, from_child_w),
@@ -159,10 +161,12 @@ class WorkerPool:
         size: int,
         *,
         max_queue: int,
-        kill_grace_s: float = 30.0,
+        kill_grace_s: float = 2.0,
         plugins: tuple[str, ...] = (),
+        memory_bytes: int = 0,
     ) -> None:
         self.size = size
+        self.memory_bytes = memory_bytes
         self.max_queue = max_queue
         self.kill_grace_s = kill_grace_s
         self.plugins = plugins
@@ -175,7 +179,7 @@ class WorkerPool:
         self._background: set[asyncio.Task[None]] = set()
 
     def _spawn(self) -> _Worker:
-        w = _Worker(self.plugins)
+        w = _Worker(self.plugins, self.memory_bytes)
         self._all.add(w)
         try:
             w.wait_ready()

@@ -244,7 +244,9 @@ class SolverList(_Strict):
 
 
 class Health(_Strict):
-    status: Literal["ok"]
+    status: Literal["ok", "unavailable"]
+    store: Literal["ok", "unavailable"] = "ok"
+    message: str = ""
     version: str
     workers: int
     busy_workers: int

@@ -1,12 +1,14 @@
 """The service's work behind the routes: graphs, cached results, synchronous solves and jobs.
 
 Routes validate the body and call one method here; everything that touches the disk runs in a
-thread and everything that solves runs in the worker pool, so the event loop only waits.
+thread and everything that solves runs in a worker process, so the event loop only waits.
 
 Jobs: a job is written to the store before it is answered (202), and its state moves
-queued -> running -> done | failed | cancelled in the store. At start-up, jobs left queued or
-running by a previous process are re-run, unless one was already started ``job_max_attempts``
-times (it may be what brought the server down): that one is marked failed with the reason.
+queued -> running -> done | failed | cancelled in the store. Its queue (:mod:`remat.api.queue`)
+hands it to a runner on a lease (:mod:`remat.api.runner`): this server's own pool on SQLite,
+``remat worker`` processes on PostgreSQL. A job whose runner died is taken by another once the
+lease ran out, unless it already started ``job_max_attempts`` times (it may be what brought the
+runner down): that one is failed with the reason.
 """
 
 from __future__ import annotations
@@ -19,35 +21,25 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
 from remat import solver as solvers
 from remat.api.errors import ApiError, field_error
+from remat.api.parse import GraphPayload
 from remat.api.pool import QueueFull, WorkerCrashed, WorkerPool, WorkerTimeout
-from remat.api.schemas import (
-    MAX_BYTES,
-    FrontierRequest,
-    GraphRef,
-    JobResponse,
-    SolveRequest,
-    check_magnitudes,
-)
+from remat.api.queue import JobQueue
+from remat.api.schemas import MAX_BYTES, FrontierRequest, GraphRef, JobResponse, SolveRequest
 from remat.api.settings import Settings
-from remat.api.store import UNFINISHED, JobKind, JobRecord, Store
+from remat.api.store import UNFINISHED, JobKind, JobRecord, Store, StoreUnavailable
 from remat.api.tasks import DEFAULT_FRONTIER, PROGRESS_OPTION
-from remat.ir import Graph, RematError, eager_plan, parse_budget, simulate
+from remat.ir import RematError, parse_budget
 
 log = logging.getLogger("remat.api")
-
-
-def graph_summary(graph: Graph) -> dict[str, Any]:
-    """The stored summary of a graph, with the no-remat (eager) peak."""
-    s = graph.summary()
-    s["no_remat_peak_bytes"] = simulate(graph, eager_plan(graph)).peak_bytes
-    return s
+T = TypeVar("T")
 
 
 def normalize_budget(spec: int | float | str, loc: list[str | int]) -> int | str:
@@ -85,107 +77,61 @@ class Service:
     this same object).
     """
 
-    def __init__(self, settings: Settings, store: Store, pool: WorkerPool) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        pool: WorkerPool,
+        queue: JobQueue,
+        parser: WorkerPool,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.pool = pool
-        self._jobs: dict[str, asyncio.Task[None]] = {}
-        self._cancelling: set[str] = set()
+        self.queue = queue
+        self.parser = parser
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.pool.start()
-        await self.recover()
+        await asyncio.gather(self.pool.start(), self.parser.start())
+        await self.queue.start()
 
     async def close(self) -> None:
-        tasks = list(self._jobs.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        await self.pool.close()
+        await self.queue.close()
+        await asyncio.gather(self.pool.close(), self.parser.close())
         self.store.close()
 
-    async def recover(self) -> None:
-        """Take care of jobs a previous process left queued or running."""
-        limit = self.settings.job_max_attempts
-        for rec in await asyncio.to_thread(self.store.unfinished_jobs):
-            if rec.status == "running" and rec.attempts >= limit:
-                await asyncio.to_thread(
-                    self.store.update_job,
-                    rec.id,
-                    status="failed",
-                    error=(
-                        f"interrupted by a server restart while running (attempt {rec.attempts}"
-                        f" of job_max_attempts={limit}); not run again"
-                    ),
-                    only_if=UNFINISHED,
-                )
-                continue
-            await asyncio.to_thread(
-                self.store.update_job,
-                rec.id,
-                status="queued",
-                message=f"re-queued after a server restart (was {rec.status})",
-            )
-            self.pool.admit(force=True)  # accepted jobs are never refused for the queue limit
-            self._spawn_job(rec.id)
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """A store call in a thread; :class:`StoreUnavailable` becomes the service's 503."""
+        return await asyncio.to_thread(fn, *args)
 
     # -- graphs --------------------------------------------------------------------------------
 
-    async def put_graph(
-        self, owner: str, graph: Graph, at: tuple[str, ...] = ("body",)
-    ) -> tuple[str, dict[str, Any], bool]:
-        """Store ``graph`` for ``owner``: (id, summary, created). ``at`` is the graph's path in
-        the request, for error messages."""
-        self._check_graph(graph, at)
-        text = await asyncio.to_thread(graph.canonical_json)
-        gid = hashlib.sha256(text.encode()).hexdigest()
-        old = await asyncio.to_thread(self.store.graph_summary, owner, gid)
-        if old is not None:
-            summary: dict[str, Any] = json.loads(old)
-            return gid, summary, False
-        summary = await asyncio.to_thread(graph_summary, graph)
-        created = await asyncio.to_thread(
-            self.store.put_graph, owner, gid, text, json.dumps(summary)
+    async def put_graph(self, owner: str, g: GraphPayload) -> tuple[dict[str, Any], bool]:
+        """Store a parsed graph for ``owner``: (summary, created)."""
+        created = await self.call(
+            self.store.put_graph, owner, g.id, g.text, json.dumps(g.summary)
         )
-        return gid, summary, created
+        return g.summary, created
 
     async def graph_summary(self, owner: str, graph_id: str) -> dict[str, Any]:
-        text = await asyncio.to_thread(self.store.graph_summary, owner, graph_id)
+        text = await self.call(self.store.graph_summary, owner, graph_id)
         if text is None:
             raise ApiError(404, f"graph_id {graph_id!r}: no such graph")
         summary: dict[str, Any] = json.loads(text)
         return summary
 
-    def _check_graph(self, graph: Graph, at: tuple[str, ...]) -> None:
-        settings = self.settings
-        if graph.num_nodes > settings.max_nodes:
-            raise ApiError(
-                422,
-                [
-                    {
-                        "loc": [*at, "nodes"],
-                        "msg": f"the graph has {graph.num_nodes} nodes, more than the limit "
-                        f"max_nodes={settings.max_nodes}",
-                        "type": "limit.max_nodes",
-                    }
-                ],
-            )
-        errs = check_magnitudes(graph, at)
-        if errs:
-            raise ApiError(422, [e.model_dump() for e in errs])
-
-    async def _graph_of(self, owner: str, ref: GraphRef) -> tuple[str, str]:
+    async def _graph_of(
+        self, owner: str, ref: GraphRef, inline: GraphPayload | None
+    ) -> tuple[str, str]:
         """(graph id, canonical JSON) of an inline or stored graph; inline ones are stored."""
-        if ref.graph is not None:
-            gid, _, _ = await self.put_graph(owner, ref.graph, ("body", "graph"))
-        else:
-            assert ref.graph_id is not None
-            gid = ref.graph_id
-        text = await asyncio.to_thread(self.store.graph_json, owner, gid)
+        if inline is not None:
+            await self.put_graph(owner, inline)
+            return inline.id, inline.text
+        assert ref.graph_id is not None
+        gid = ref.graph_id
+        text = await self.call(self.store.graph_json, owner, gid)
         if text is None:
             raise ApiError(
                 404,
@@ -229,18 +175,22 @@ class Service:
         text = json.dumps({**head, **params}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    async def prepare_solve(self, owner: str, req: SolveRequest) -> Prepared:
-        """Validate a solve request."""
+    async def prepare_solve(
+        self, owner: str, req: SolveRequest, inline: GraphPayload | None
+    ) -> Prepared:
+        """Validate a solve request (``inline``: its graph, parsed, if it came inline)."""
         settings = self.settings
         budget = normalize_budget(req.budget, ["body", "budget"])
         name = self._solver(req.solver, req.options)
         t = self._time_limit(req.time_limit_s, settings.default_time_limit_s)
-        gid, text = await self._graph_of(owner, req)
+        gid, text = await self._graph_of(owner, req, inline)
         params = {"budget": budget, "solver": name, "time_limit_s": t, "options": req.options}
         task = {"kind": "solve", **params, "budget": req.budget, "graph": text, "graph_id": gid}
         return Prepared("solve", gid, self._key(owner, "solve", gid, params), task, t)
 
-    async def prepare_frontier(self, owner: str, req: FrontierRequest) -> Prepared:
+    async def prepare_frontier(
+        self, owner: str, req: FrontierRequest, inline: GraphPayload | None
+    ) -> Prepared:
         """Validate a frontier request (its time limit is the total over its budgets)."""
         settings = self.settings
         specs = req.budgets if req.budgets is not None else list(DEFAULT_FRONTIER)
@@ -257,7 +207,7 @@ class Service:
         name = self._solver(req.solver, req.options)
         per_point = min(settings.default_time_limit_s, settings.sync_time_limit_s / len(specs))
         t = self._time_limit(req.time_limit_s, per_point)
-        gid, text = await self._graph_of(owner, req)
+        gid, text = await self._graph_of(owner, req, inline)
         params = {"budgets": norm, "solver": name, "time_limit_s": t, "options": req.options}
         task = {"kind": "frontier", **params, "budgets": specs, "graph": text, "graph_id": gid}
         key = self._key(owner, "frontier", gid, params)
@@ -266,7 +216,7 @@ class Service:
     # -- running -------------------------------------------------------------------------------
 
     async def cached(self, key: str) -> str | None:
-        return await asyncio.to_thread(self.store.cached, key)
+        return await self.call(self.store.cached, key)
 
     async def answer(self, owner: str, p: Prepared, *, as_job: bool) -> Response:
         """The one way a prepared request is answered: from the store when the same request
@@ -285,8 +235,20 @@ class Service:
             )
         return wrap(p.graph_id, p.key, False, await self.run_now(p.task, p.key, p.time_limit_s))
 
+    async def _check_queue(self, waiting_here: int) -> None:
+        """429 when more solves wait than ``max_queue`` allows: ``waiting_here`` in this
+        server's pool plus, when this server runs the jobs, the jobs waiting in the store."""
+        queued = await self.call(self.store.count_queued) if self.queue.local else 0
+        if waiting_here + queued >= self.settings.max_queue + self.queue.free:
+            raise ApiError(
+                429,
+                str(QueueFull(self.settings.max_queue)),
+                {"Retry-After": "1"},
+            )
+
     async def run_now(self, task: dict[str, Any], key: str, time_limit_s: float) -> str:
         """Run a task in the pool and wait: the result JSON (cached for next time)."""
+        await self._check_queue(self.pool.waiting)
         try:
             out = await self.pool.run(task, time_limit_s=time_limit_s)
         except QueueFull as exc:
@@ -307,7 +269,7 @@ class Service:
         # The worker decides from the result's status: a solve that ran out of time may do
         # better on another try, so it is not cached.
         if out.get("cacheable"):
-            await asyncio.to_thread(self.store.put_cached, key, out["ok"])
+            await self.call(self.store.put_cached, key, out["ok"])
 
     async def submit(self, owner: str, p: Prepared) -> JobRecord:
         """Accept a job (written before it is answered); 429 when the queue is full."""
@@ -331,127 +293,50 @@ class Service:
             rec = dataclasses.replace(
                 rec, status="done", result=hit, message="answered from the store"
             )
-            await asyncio.to_thread(self.store.create_job, rec)
+            await self.call(self.store.create_job, rec)
             return rec
+        await self._check_queue(0)
+        await self.call(self.store.create_job, rec)
         try:
-            self.pool.admit()
-        except QueueFull as exc:
-            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
-        try:
-            await asyncio.to_thread(self.store.create_job, rec)
-        except BaseException:
-            self.pool.unadmit()
+            await self.queue.enqueue(rec.id)
+        except StoreUnavailable:
+            # Never leave a job that no runner will see: it is failed, and the caller told.
+            with contextlib.suppress(StoreUnavailable):
+                await self.call(self._fail_unqueued, rec.id)
             raise
-        self._spawn_job(rec.id)
         return rec
 
-    def _spawn_job(self, job_id: str) -> None:
-        t = asyncio.get_running_loop().create_task(self._run_job(job_id), name=f"job-{job_id}")
-        self._jobs[job_id] = t
-        t.add_done_callback(lambda _: self._jobs.pop(job_id, None))
-
-    async def _finish(self, job_id: str, **fields: Any) -> None:
-        await asyncio.to_thread(self.store.update_job, job_id, only_if=UNFINISHED, **fields)
-
-    async def _run_job(self, job_id: str) -> None:
-        admitted = True
-        prev_attempts: int | None = None
-        try:
-            rec = await asyncio.to_thread(self.store.job, job_id)
-            assert rec is not None
-            task: dict[str, Any] = json.loads(rec.request)
-            deadline = float(task.pop("deadline_s"))
-            graph = await asyncio.to_thread(self.store.graph_json, rec.owner, rec.graph_id)
-            if graph is None:
-                self.pool.unadmit()
-                admitted = False
-                await self._finish(job_id, status="failed", error="its graph is no longer stored")
-                return
-            task["graph"] = graph
-            prev_attempts = rec.attempts
-            attempt = rec.attempts + 1
-            started = time.monotonic()
-            store = self.store
-
-            def on_start() -> None:
-                store.update_job(job_id, status="running", attempts=attempt, only_if=("queued",))
-
-            def on_progress(p: dict[str, Any]) -> None:
-                p.setdefault("elapsed_s", time.monotonic() - started)
-                store.update_job(job_id, progress=json.dumps(p), only_if=("running",))
-
-            admitted = False  # pool.run takes the admission over from here
-            out = await self.pool.run(
-                task,
-                time_limit_s=deadline,
-                on_progress=on_progress,
-                on_start=on_start,
-                admitted=True,
-            )
-        except asyncio.CancelledError:
-            if admitted:
-                self.pool.unadmit()
-            if job_id in self._cancelling:
-                self._cancelling.discard(job_id)
-                return
-            if prev_attempts is not None:
-                # An orderly shutdown is not the job's fault: it goes back to the queue without
-                # using up an attempt, and the next start runs it.
-                self.store.update_job(
-                    job_id,
-                    status="queued",
-                    attempts=prev_attempts,
-                    message="the server shut down while it ran; re-queued",
-                    only_if=("running",),
-                )
-            raise
-        except WorkerCrashed as exc:
-            await self._finish(job_id, status="failed", error=str(exc))
-            return
-        except WorkerTimeout as exc:
-            await self._finish(job_id, status="failed", error=str(exc))
-            return
-        except Exception as exc:
-            log.exception("job %s", job_id)
-            await self._finish(job_id, status="failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        if "error" in out:
-            e = out["error"]
-            loc = ".".join(str(p) for p in e["loc"])
-            await self._finish(job_id, status="failed", error=f"{loc}: {e['msg']}")
-        elif "crash" in out:
-            await self._finish(job_id, status="failed", error=f"the solver failed: {out['crash']}")
-        else:
-            await self._finish(job_id, status="done", result=out["ok"])
-            await self._remember(rec.request_key, out)
+    def _fail_unqueued(self, job_id: str) -> None:
+        self.store.update_job(
+            job_id, status="failed", error="the job queue was unavailable", only_if=("queued",)
+        )
 
     async def job(self, owner: str, job_id: str) -> JobRecord:
-        rec = await asyncio.to_thread(self.store.job, job_id, owner)
+        rec = await self.call(self.store.job, job_id, owner)
         if rec is None:
             raise ApiError(404, f"job_id {job_id!r}: no such job")
         return rec
 
     async def jobs(self, owner: str, limit: int) -> list[JobRecord]:
-        return await asyncio.to_thread(self.store.jobs, owner, limit)
+        return await self.call(self.store.jobs, owner, limit)
 
     async def cancel(self, owner: str, job_id: str) -> JobRecord:
+        """Cancel a job; the runner that has it (on any server or worker) stops it at its next
+        lease renewal, this server's own at once."""
         rec = await self.job(owner, job_id)
         if rec.status not in UNFINISHED:
             raise ApiError(409, f"job {job_id!r} is already {rec.status}; nothing to cancel")
-        self._cancelling.add(job_id)
-        changed = await asyncio.to_thread(
-            self.store.update_job,
-            job_id,
-            status="cancelled",
-            message="cancelled by the caller",
-            only_if=UNFINISHED,
-        )
-        t = self._jobs.get(job_id)
-        if changed and t is not None:
-            t.cancel()
-        else:
-            self._cancelling.discard(job_id)
+        changed = await self.call(self._mark_cancelled, job_id)
+        if not changed:
+            rec = await self.job(owner, job_id)
+            raise ApiError(409, f"job {job_id!r} is already {rec.status}; nothing to cancel")
+        self.queue.cancel(job_id)
         return await self.job(owner, job_id)
+
+    def _mark_cancelled(self, job_id: str) -> bool:
+        return self.store.update_job(
+            job_id, status="cancelled", message="cancelled by the caller", only_if=UNFINISHED
+        )
 
 
 def wrap(graph_id: str, key: str, cached: bool, result_json: str) -> Response:

@@ -18,6 +18,16 @@ def _default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _default_worker_memory() -> int:
+    # Half the machine's memory per solver process, at least 1 GiB: one hostile request can
+    # no longer take the whole machine, and a real solve still has room.
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 * 2**30
+    return max(2**30, total // 2)
+
+
 class Settings(BaseModel):
     """Limits, storage and access for one service instance.
 
@@ -25,7 +35,9 @@ class Settings(BaseModel):
     ----------
     db_url
         Where jobs, graphs and cached results live: ``sqlite:///path/to.db`` (the default,
-        created on first use), ``sqlite:///:memory:`` or ``memory://`` (nothing persists).
+        created on first use; several servers on one machine may share it),
+        ``sqlite:///:memory:`` or ``memory://`` (nothing persists), or
+        ``postgresql://user@host/db`` (several machines: jobs run by ``remat worker``).
     api_keys
         When non-empty, every ``/v1`` route needs one of these keys (``Authorization: Bearer
         KEY`` or ``X-API-Key: KEY``) and a key sees only its own graphs and jobs.
@@ -50,7 +62,23 @@ class Settings(BaseModel):
         A job interrupted by a restart is re-run until it has started this many times; then
         it is marked failed with the reason.
     kill_grace_s
-        A worker still busy this long after its task's time limit is killed and replaced.
+        A worker still busy this long after its task's time limit is killed and replaced
+        (504 for a synchronous solve, a failed job).
+    worker_memory_bytes
+        Address-space cap of each solver and parser process (``RLIMIT_AS``); a solve that needs
+        more fails with a 422 naming this setting instead of taking the machine. 0: no cap.
+    max_values
+        Largest graph, in values; beyond it, 422 (checked before the graph is validated).
+    job_lease_s
+        A running job's lease: its runner renews it every third of this; when a runner dies
+        (server, ``remat worker`` or machine), another takes the job once the lease ran out.
+    cors_origins
+        Origins a browser may call the service from (CORS); empty (the default): none.
+    parse_workers
+        Processes that check and parse large request bodies (off the event loop).
+    store_timeout_s
+        How long a store operation may wait (a locked SQLite file, a PostgreSQL connection)
+        before the request answers 503 with ``Retry-After``.
     plugins
         Modules imported by the server and every worker before solving: a plugin registers
         extra solvers with ``remat.solver.register``.
@@ -69,15 +97,24 @@ class Settings(BaseModel):
     default_time_limit_s: float = Field(default=10.0, gt=0)
     max_frontier_points: int = Field(default=32, ge=1)
     job_max_attempts: int = Field(default=2, ge=1)
-    kill_grace_s: float = Field(default=30.0, ge=0)
+    kill_grace_s: float = Field(default=2.0, ge=0)
     plugins: tuple[str, ...] = ()
+    worker_memory_bytes: int = Field(default_factory=_default_worker_memory, ge=0)
+    max_values: int = Field(default=400_000, ge=1)
+    job_lease_s: float = Field(default=15.0, ge=0.5)
+    cors_origins: tuple[str, ...] = ()
+    store_timeout_s: float = Field(default=5.0, gt=0)
+    parse_workers: int = Field(default=2, ge=1, le=64)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REMAT_DB``, ``REMAT_API_KEYS`` (comma separated), ``REMAT_WORKERS``,
         ``REMAT_MAX_QUEUE``, ``REMAT_MAX_BODY_BYTES``, ``REMAT_MAX_NODES``,
         ``REMAT_MAX_TIME_LIMIT_S``, ``REMAT_SYNC_TIME_LIMIT_S``, ``REMAT_DEFAULT_TIME_LIMIT_S``,
-        ``REMAT_PLUGINS`` (comma separated); keyword ``overrides`` that are not None win."""
+        ``REMAT_PLUGINS``, ``REMAT_CORS_ORIGINS`` (comma separated), ``REMAT_JOB_MAX_ATTEMPTS``,
+        ``REMAT_KILL_GRACE_S``, ``REMAT_WORKER_MEMORY_BYTES``, ``REMAT_MAX_VALUES``,
+        ``REMAT_JOB_LEASE_S``, ``REMAT_STORE_TIMEOUT_S``; keyword ``overrides`` that are not
+        None win."""
         env = os.environ if environ is None else environ
         names = {
             "REMAT_DB": "db_url",
@@ -89,9 +126,19 @@ class Settings(BaseModel):
             "REMAT_SYNC_TIME_LIMIT_S": "sync_time_limit_s",
             "REMAT_DEFAULT_TIME_LIMIT_S": "default_time_limit_s",
             "REMAT_JOB_MAX_ATTEMPTS": "job_max_attempts",
+            "REMAT_KILL_GRACE_S": "kill_grace_s",
+            "REMAT_WORKER_MEMORY_BYTES": "worker_memory_bytes",
+            "REMAT_MAX_VALUES": "max_values",
+            "REMAT_JOB_LEASE_S": "job_lease_s",
+            "REMAT_STORE_TIMEOUT_S": "store_timeout_s",
         }
         data: dict[str, object] = {f: env[k] for k, f in names.items() if env.get(k)}
-        for var, field in (("REMAT_API_KEYS", "api_keys"), ("REMAT_PLUGINS", "plugins")):
+        lists = (
+            ("REMAT_API_KEYS", "api_keys"),
+            ("REMAT_PLUGINS", "plugins"),
+            ("REMAT_CORS_ORIGINS", "cors_origins"),
+        )
+        for var, field in lists:
             if env.get(var):
                 data[field] = tuple(p.strip() for p in env[var].split(",") if p.strip())
         data.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,37 +1,54 @@
 """Where the service keeps graphs, cached results and jobs, behind one small interface.
 
-:class:`Store` is the interface; :class:`SQLiteStore` (the default, one file created on first
-use) and :class:`MemoryStore` (nothing persists) implement it, and :func:`open_store` picks one
-from a database URL. Another database needs only another class with these methods.
+:class:`Store` is the interface; :class:`MemoryStore` (nothing persists),
+:class:`~remat.api.store_sqlite.SQLiteStore` (the default, one file created on first use) and
+:class:`~remat.api.store_pg.PostgresStore` (several machines) implement it, and
+:func:`open_store` picks one from a database URL.
 
 Every method is synchronous and thread-safe; the service calls them from worker threads so the
 event loop never waits on the disk. Payloads (graph JSON, results, progress) are stored as JSON
-text and never re-parsed here.
+text and never re-parsed here. A store that cannot be reached or written raises
+:class:`StoreUnavailable` (the service answers 503 with ``Retry-After``), never the driver's own
+error.
 
 Ownership: graphs and jobs belong to an *owner* (a digest of the API key, or ``""`` when the
 service runs without keys); lookups by another owner find nothing. Cached results are keyed by a
-digest of the whole request, which includes the graph's content hash, so only a caller who holds
-the graph can reach its results.
+digest of the whole request, owner included, so one caller's results never answer another's.
+
+Jobs and leases: a runner takes a job with :meth:`Store.claim_job` (the oldest one waiting) or
+:meth:`Store.take_job` (one named by the queue engine). Taking sets it ``running`` with the
+runner's ``holder`` id and a lease that the runner renews (:meth:`Store.renew_lease`) while it
+works. A job whose lease ran out (its runner died with its machine, process or server) is taken
+again by the next runner, unless it has started ``max_attempts`` times already: then it is
+failed with the reason. Only the holder can finish a job (:meth:`Store.finish_job`), so a job
+completes once even when a runner thought lost comes back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Protocol
+
+from remat.ir import RematError
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 JobKind = Literal["solve", "frontier"]
 UNFINISHED: tuple[JobStatus, ...] = ("queued", "running")
 
+REQUEUED = "re-queued after a server restart or a lost worker (its lease ran out while running)"
+
+
+class StoreUnavailable(RematError):
+    """The database cannot be reached or written just now (the request may be retried)."""
+
 
 @dataclass(frozen=True)
 class JobRecord:
-    """One job as stored. ``request`` is the normalised request JSON the worker runs."""
+    """One job as stored. ``request`` is the normalised request JSON the worker runs;
+    ``holder`` and ``lease_until`` (epoch seconds) name the runner that has it while it runs."""
 
     id: str
     owner: str
@@ -47,6 +64,8 @@ class JobRecord:
     result: str | None = None
     error: str | None = None
     message: str = ""
+    holder: str | None = None
+    lease_until: float | None = None
 
 
 class Store(Protocol):
@@ -82,20 +101,65 @@ class Store(Protocol):
         ...
 
     def unfinished_jobs(self) -> list[JobRecord]:
-        """Jobs queued or running, oldest first (what a restart must take care of)."""
+        """Jobs queued or running, oldest first."""
+        ...
+
+    def count_queued(self) -> int:
+        """Jobs waiting for a runner (queued, or running on a lease that ran out)."""
+        ...
+
+    def claim_job(self, holder: str, lease_s: float, max_attempts: int) -> JobRecord | None:
+        """Take the oldest job waiting (see the module docstring), or None."""
+        ...
+
+    def take_job(
+        self, job_id: str, holder: str, lease_s: float, max_attempts: int
+    ) -> JobRecord | None:
+        """Take this job if it waits; None when it is finished, held on a live lease, or was
+        just failed for having used up its attempts."""
+        ...
+
+    def renew_lease(self, job_id: str, holder: str, lease_s: float) -> bool:
+        """Extend the lease; False when the job is no longer this holder's to run (cancelled,
+        or taken over after the lease ran out)."""
+        ...
+
+    def finish_job(self, job_id: str, holder: str, **fields: object) -> bool:
+        """Write a running job's outcome (status, result, error, message), only if ``holder``
+        still has it. True when it did."""
+        ...
+
+    def release_job(self, job_id: str, holder: str, message: str) -> bool:
+        """Give a running job back to the queue without using up an attempt (orderly
+        shutdown)."""
+        ...
+
+    def expire_lease(self, job_id: str, holder: str) -> bool:
+        """End ``holder``'s lease now (it is known dead), so the job can be taken at once."""
+        ...
+
+    def ping(self) -> None:
+        """Write to the store; raise :class:`StoreUnavailable` when it cannot."""
         ...
 
     def close(self) -> None: ...
 
 
-_JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobRecord))
 _UPDATABLE = frozenset({"status", "attempts", "progress", "result", "error", "message"})
 
 
-def _check_fields(fields: dict[str, object]) -> None:
+def check_fields(fields: dict[str, object]) -> None:
     bad = sorted(set(fields) - _UPDATABLE)
     if bad:
         raise ValueError(f"job field {bad[0]!r} cannot be updated")
+
+
+def exhausted(rec: JobRecord, max_attempts: int) -> str:
+    """The error of a job whose runner was lost on its last allowed attempt."""
+    return (
+        f"interrupted by a server restart or a lost worker while running (attempt "
+        f"{rec.attempts} of job_max_attempts={max_attempts}); not run again"
+    )
 
 
 class MemoryStore:
@@ -151,15 +215,18 @@ class MemoryStore:
         mine.sort(key=lambda j: (j.created_at, j.id), reverse=True)
         return mine[:limit]
 
+    def _set(self, j: JobRecord, **fields: object) -> None:
+        self._jobs[j.id] = dataclasses.replace(j, updated_at=time.time(), **fields)  # type: ignore[arg-type]
+
     def update_job(
         self, job_id: str, *, only_if: tuple[JobStatus, ...] | None = None, **fields: object
     ) -> bool:
-        _check_fields(fields)
+        check_fields(fields)
         with self._lock:
             j = self._jobs.get(job_id)
             if j is None or (only_if is not None and j.status not in only_if):
                 return False
-            self._jobs[job_id] = dataclasses.replace(j, updated_at=time.time(), **fields)  # type: ignore[arg-type]
+            self._set(j, **fields)
             return True
 
     def unfinished_jobs(self) -> list[JobRecord]:
@@ -167,145 +234,137 @@ class MemoryStore:
             rows = [j for j in self._jobs.values() if j.status in UNFINISHED]
         return sorted(rows, key=lambda j: (j.created_at, j.id))
 
+    @staticmethod
+    def _waiting(j: JobRecord, now: float) -> bool:
+        return j.status == "queued" or (
+            j.status == "running" and (j.lease_until is None or j.lease_until < now)
+        )
+
+    def count_queued(self) -> int:
+        now = time.time()
+        with self._lock:
+            return sum(1 for j in self._jobs.values() if self._waiting(j, now))
+
+    def _take(self, j: JobRecord, holder: str, lease_s: float, max_attempts: int) -> bool:
+        now = time.time()
+        if not self._waiting(j, now):
+            return False
+        if j.status == "running":
+            if j.attempts >= max_attempts:
+                self._set(j, status="failed", error=exhausted(j, max_attempts), holder=None)
+                return False
+            message = REQUEUED
+        else:
+            message = j.message
+        self._set(
+            j,
+            status="running",
+            attempts=j.attempts + 1,
+            holder=holder,
+            lease_until=now + lease_s,
+            message=message,
+        )
+        return True
+
+    def claim_job(self, holder: str, lease_s: float, max_attempts: int) -> JobRecord | None:
+        with self._lock:
+            for j in sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id)):
+                if self._take(j, holder, lease_s, max_attempts):
+                    return self._jobs[j.id]
+        return None
+
+    def take_job(
+        self, job_id: str, holder: str, lease_s: float, max_attempts: int
+    ) -> JobRecord | None:
+        with self._lock:
+            j = self._jobs.get(job_id)
+            if j is not None and self._take(j, holder, lease_s, max_attempts):
+                return self._jobs[job_id]
+        return None
+
+    def renew_lease(self, job_id: str, holder: str, lease_s: float) -> bool:
+        with self._lock:
+            j = self._jobs.get(job_id)
+            if j is None or j.status != "running" or j.holder != holder:
+                return False
+            self._jobs[job_id] = dataclasses.replace(j, lease_until=time.time() + lease_s)
+            return True
+
+    def finish_job(self, job_id: str, holder: str, **fields: object) -> bool:
+        check_fields(fields)
+        with self._lock:
+            j = self._jobs.get(job_id)
+            if j is None or j.status != "running" or j.holder != holder:
+                return False
+            self._set(j, holder=None, lease_until=None, **fields)
+            return True
+
+    def release_job(self, job_id: str, holder: str, message: str) -> bool:
+        with self._lock:
+            j = self._jobs.get(job_id)
+            if j is None or j.status != "running" or j.holder != holder:
+                return False
+            self._set(
+                j,
+                status="queued",
+                attempts=max(0, j.attempts - 1),
+                holder=None,
+                lease_until=None,
+                message=message,
+            )
+            return True
+
+    def expire_lease(self, job_id: str, holder: str) -> bool:
+        with self._lock:
+            j = self._jobs.get(job_id)
+            if j is None or j.status != "running" or j.holder != holder:
+                return False
+            self._jobs[job_id] = dataclasses.replace(j, lease_until=0.0)
+            return True
+
+    def ping(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS graphs (
-    owner TEXT NOT NULL, id TEXT NOT NULL, graph TEXT NOT NULL, summary TEXT NOT NULL,
-    created_at REAL NOT NULL, PRIMARY KEY (owner, id));
-CREATE TABLE IF NOT EXISTS results (
-    request_key TEXT PRIMARY KEY, result TEXT NOT NULL, created_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
-    graph_id TEXT NOT NULL, request TEXT NOT NULL, request_key TEXT NOT NULL,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL, attempts INTEGER NOT NULL,
-    progress TEXT, result TEXT, error TEXT, message TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner, created_at);
-CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status);
-"""
-
-
-class SQLiteStore:
-    """One SQLite file (WAL mode), created with its tables on first use.
-
-    A single connection guarded by a lock: SQLite serialises writers anyway, and the service's
-    statements are short (a row in, a row out).
-    """
-
-    def __init__(self, path: str) -> None:
-        if path != ":memory:":
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
-
-    def _one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
-        with self._lock:
-            row: tuple[object, ...] | None = self._db.execute(sql, args).fetchone()
-        return row
-
-    def put_graph(self, owner: str, graph_id: str, graph_json: str, summary_json: str) -> bool:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT OR IGNORE INTO graphs VALUES (?, ?, ?, ?, ?)",
-                (owner, graph_id, graph_json, summary_json, time.time()),
-            )
-        return cur.rowcount == 1
-
-    def graph_summary(self, owner: str, graph_id: str) -> str | None:
-        row = self._one("SELECT summary FROM graphs WHERE owner=? AND id=?", (owner, graph_id))
-        return None if row is None else str(row[0])
-
-    def graph_json(self, owner: str, graph_id: str) -> str | None:
-        row = self._one("SELECT graph FROM graphs WHERE owner=? AND id=?", (owner, graph_id))
-        return None if row is None else str(row[0])
-
-    def cached(self, request_key: str) -> str | None:
-        row = self._one("SELECT result FROM results WHERE request_key=?", (request_key,))
-        return None if row is None else str(row[0])
-
-    def put_cached(self, request_key: str, result_json: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
-                (request_key, result_json, time.time()),
-            )
-
-    def create_job(self, job: JobRecord) -> None:
-        marks = ", ".join("?" for _ in _JOB_FIELDS)
-        cols = ", ".join(_JOB_FIELDS)
-        with self._lock:
-            self._db.execute(
-                f"INSERT INTO jobs ({cols}) VALUES ({marks})",
-                tuple(getattr(job, f) for f in _JOB_FIELDS),
-            )
-
-    def _rows(self, sql: str, args: tuple[object, ...]) -> list[JobRecord]:
-        cols = ", ".join(_JOB_FIELDS)
-        with self._lock:
-            rows = self._db.execute(f"SELECT {cols} FROM jobs {sql}", args).fetchall()
-        return [JobRecord(*r) for r in rows]
-
-    def job(self, job_id: str, owner: str | None = None) -> JobRecord | None:
-        if owner is None:
-            rows = self._rows("WHERE id=?", (job_id,))
-        else:
-            rows = self._rows("WHERE id=? AND owner=?", (job_id, owner))
-        return rows[0] if rows else None
-
-    def jobs(self, owner: str, limit: int = 100) -> list[JobRecord]:
-        return self._rows("WHERE owner=? ORDER BY created_at DESC, id DESC LIMIT ?", (owner, limit))
-
-    def update_job(
-        self, job_id: str, *, only_if: tuple[JobStatus, ...] | None = None, **fields: object
-    ) -> bool:
-        _check_fields(fields)
-        sets = ", ".join(f"{k}=?" for k in fields)
-        args: list[object] = [*fields.values(), time.time(), job_id]
-        sql = f"UPDATE jobs SET {sets}{', ' if sets else ''}updated_at=? WHERE id=?"
-        if only_if is not None:
-            sql += f" AND status IN ({', '.join('?' for _ in only_if)})"
-            args.extend(only_if)
-        with self._lock:
-            cur = self._db.execute(sql, tuple(args))
-        return cur.rowcount == 1
-
-    def unfinished_jobs(self) -> list[JobRecord]:
-        return self._rows("WHERE status IN ('queued', 'running') ORDER BY created_at, id", ())
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-
-def open_store(url: str) -> Store:
+def open_store(url: str, timeout_s: float = 5.0) -> Store:
     """The store a database URL names.
 
     ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``sqlite:///:memory:``,
-    a bare file path (SQLite), or ``memory://``.
+    a bare file path (SQLite), ``memory://``, or ``postgresql://user@host:port/dbname``
+    (also ``postgres://``; needs the ``postgres`` extra: psycopg 3). ``timeout_s``: how long
+    an operation waits for a lock or a connection before :class:`StoreUnavailable`.
 
     Raises
     ------
     ValueError
         Naming ``db_url`` when the scheme is not one of those.
+    StoreUnavailable
+        When a PostgreSQL server cannot be reached.
     """
+    from remat.api.store_sqlite import SQLiteStore
+
     if url == "memory://":
         return MemoryStore()
     if url.startswith("sqlite://"):
         path = url[len("sqlite://") :]
         if not path.startswith("/") or path == "/":
             raise ValueError(f"db_url: expected sqlite:///PATH, got {url!r}")
-        return SQLiteStore(path[1:] if path != "/:memory:" else ":memory:")
+        return SQLiteStore(path[1:] if path != "/:memory:" else ":memory:", timeout_s)
+    if is_postgres(url):
+        from remat.api.store_pg import PostgresStore
+
+        return PostgresStore(url, timeout_s=timeout_s)
     if "://" in url:
         scheme = url.split("://", 1)[0]
         raise ValueError(
-            f"db_url: no store for scheme {scheme!r} (supported: sqlite:///PATH, memory://)"
+            f"db_url: no store for scheme {scheme!r} (supported: sqlite:///PATH, memory://, "
+            "postgresql://...)"
         )
-    return SQLiteStore(url)
+    return SQLiteStore(url, timeout_s)
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))

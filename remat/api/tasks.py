@@ -187,6 +187,10 @@ def run_task(task: dict[str, Any], progress: Progress | None = None) -> dict[str
     """Run one task: ``{"ok": json_text, "cacheable": bool}`` or ``{"error": {...}}`` naming
     the field. ``cacheable`` is False for an answer that another try may improve (a solver
     that ran out of time)."""
+    if task["kind"] == "parse":
+        from remat.api.parse import parse_body
+
+        return parse_body(task["body_kind"], task["body"], task["max_nodes"], task["max_values"])
     try:
         answer = RUNNERS[task["kind"]](task, progress)
         return {"ok": answer.text, "cacheable": answer.cacheable}

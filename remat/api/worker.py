@@ -1,9 +1,11 @@
-"""A solver worker process: ``python -m remat.api.worker READ_FD WRITE_FD [PLUGIN...]``.
+"""A solver worker process: ``python -m remat.api.worker READ_FD WRITE_FD MEMORY [PLUGIN...]``.
 
 Started by :class:`remat.api.pool.WorkerPool` as a plain subprocess (not a multiprocessing
 child, so it never re-imports the server's main module). It reads task dicts from one pipe and
 writes ``("progress", dict)`` and ``("done", dict)`` messages to the other, one task at a time,
-until the server closes the pipe.
+until the server closes the pipe. ``MEMORY`` (bytes, 0 for none) caps its address space once
+the solvers are imported; a task that runs out of it answers an error naming
+``worker_memory_bytes`` and the worker keeps serving.
 """
 
 from __future__ import annotations
@@ -27,7 +29,28 @@ def _exit_with_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-def serve(rx: Connection, tx: Connection, plugins: list[str]) -> None:
+def _cap_memory(memory_bytes: int) -> None:
+    if memory_bytes <= 0:
+        return
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
+def _out_of_memory(memory_bytes: int) -> dict[str, Any]:
+    return {
+        "error": {
+            "loc": ["body"],
+            "msg": f"the solve needed more memory than the limit worker_memory_bytes="
+            f"{memory_bytes}",
+            "type": "limit.worker_memory_bytes",
+        }
+    }
+
+
+def serve(rx: Connection, tx: Connection, plugins: list[str], memory_bytes: int = 0) -> None:
     """Run tasks from ``rx`` until it closes, answering on ``tx``."""
     # The server handles Ctrl-C and stops its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -36,6 +59,7 @@ def serve(rx: Connection, tx: Connection, plugins: list[str]) -> None:
 
     for name in plugins:
         importlib.import_module(name)
+    _cap_memory(memory_bytes)
 
     def progress(p: dict[str, Any]) -> None:
         tx.send(("progress", p))
@@ -48,6 +72,8 @@ def serve(rx: Connection, tx: Connection, plugins: list[str]) -> None:
             return  # the server went away
         try:
             out: dict[str, Any] = run_task(task, progress)
+        except MemoryError:
+            out = _out_of_memory(memory_bytes)
         except Exception as exc:  # a solver bug: report it and keep serving
             out = {"crash": f"{type(exc).__name__}: {exc}"}
         try:
@@ -60,5 +86,6 @@ if __name__ == "__main__":
     serve(
         Connection(int(sys.argv[1]), writable=False),
         Connection(int(sys.argv[2]), readable=False),
-        sys.argv[3:],
+        sys.argv[4:],
+        int(sys.argv[3]),
     )

@@ -60,6 +60,8 @@ class Server:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
+            # Short leases: a job of a killed server or worker is taken over in seconds.
+            "REMAT_JOB_LEASE_S": "2",
             **self.env,
         }
         log = (self.tmp / f"server-{self.starts}.log").open("wb")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from remat.api.store import JobRecord, MemoryStore, SQLiteStore, Store, open_store
+from remat.api.store import JobRecord, MemoryStore, Store, StoreUnavailable, open_store
+from remat.api.store_sqlite import SQLiteStore
 
 
 @pytest.fixture(params=["sqlite", "memory"])
@@ -84,7 +85,7 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     rel = open_store("sqlite:///rel/r.db")
     assert isinstance(rel, SQLiteStore) and (tmp_path / "rel" / "r.db").exists()
     assert isinstance(open_store(str(tmp_path / "plain.db")), SQLiteStore)
-    with pytest.raises(ValueError, match=r"db_url.*postgresql"):
-        open_store("postgresql://host/db")
+    with pytest.raises(StoreUnavailable, match=r"db_url.*postgresql://u@127.0.0.1:9/db"):
+        open_store("postgresql://u:secret@127.0.0.1:9/db", timeout_s=1)  # no password echoed
     with pytest.raises(ValueError, match="db_url"):
         open_store("sqlite://relative.db")

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from remat.api.auth import Owner
-from remat.api.body import documented, parsed
+from remat.api.body import Parsed, documented, parsed
 from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import FrontierRequest, FrontierResponse, JobResponse
 
@@ -24,11 +24,13 @@ router = APIRouter(prefix="/v1", tags=["frontier"], responses=ERRORS)
     openapi_extra=documented(FrontierRequest),
 )
 async def frontier(
-    req: Annotated[FrontierRequest, Depends(parsed(FrontierRequest))],
+    body: Annotated[Parsed, Depends(parsed("frontier"))],
     owner: Owner,
     service: ServiceDep,
 ) -> Response:
     """Solve at each budget (default: 100% down to 10% of the no-remat peak) and return the
     simulator's peak and time for each. ``time_limit_s`` is per budget; when the total exceeds
     ``sync_time_limit_s`` the answer is 202 with a job."""
-    return await service.answer(owner, await service.prepare_frontier(owner, req), as_job=False)
+    assert isinstance(body.request, FrontierRequest)
+    prepared = await service.prepare_frontier(owner, body.request, body.graph)
+    return await service.answer(owner, prepared, as_job=False)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Response
 
 from remat.api.auth import Owner
-from remat.api.body import documented, parsed
+from remat.api.body import Parsed, documented, parsed
 from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import GraphSummary
 from remat.ir import Graph
@@ -17,14 +17,16 @@ router = APIRouter(prefix="/v1/graphs", tags=["graphs"], responses=ERRORS)
 
 @router.post("", response_model=GraphSummary, status_code=201, openapi_extra=documented(Graph))
 async def create_graph(
-    graph: Annotated[Graph, Depends(parsed(Graph))],
+    body: Annotated[Parsed, Depends(parsed("graph"))],
     owner: Owner,
     service: ServiceDep,
     response: Response,
 ) -> GraphSummary:
     """Store a graph under the sha256 of its canonical JSON; posting it again returns the same
     id (status 200 instead of 201)."""
-    gid, summary, created = await service.put_graph(owner, graph)
+    assert body.graph is not None
+    gid = body.graph.id
+    summary, created = await service.put_graph(owner, body.graph)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/graphs/{gid}"

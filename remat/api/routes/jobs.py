@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from remat.api.auth import Owner
-from remat.api.body import documented, parsed
+from remat.api.body import Parsed, documented, parsed
 from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import JobList, JobResponse, SolveRequest
 from remat.api.service import job_response
@@ -26,12 +26,14 @@ NOT_FOUND: dict[int | str, dict[str, str]] = {404: {"description": "No such job 
     openapi_extra=documented(SolveRequest),
 )
 async def create_job(
-    req: Annotated[SolveRequest, Depends(parsed(SolveRequest))],
+    body: Annotated[Parsed, Depends(parsed("solve"))],
     owner: Owner,
     service: ServiceDep,
 ) -> Response:
     """Accept a solve as a job whatever its time limit; poll ``GET /v1/jobs/{id}``."""
-    return await service.answer(owner, await service.prepare_solve(owner, req), as_job=True)
+    assert isinstance(body.request, SolveRequest)
+    prepared = await service.prepare_solve(owner, body.request, body.graph)
+    return await service.answer(owner, prepared, as_job=True)
 
 
 @router.get("", response_model=JobList)

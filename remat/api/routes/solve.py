@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from remat.api.auth import Owner
-from remat.api.body import documented, parsed
+from remat.api.body import Parsed, documented, parsed
 from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import JobResponse, SolveRequest, SolveResponse
 
@@ -24,10 +24,12 @@ router = APIRouter(prefix="/v1", tags=["solve"], responses=ERRORS)
     openapi_extra=documented(SolveRequest),
 )
 async def solve(
-    req: Annotated[SolveRequest, Depends(parsed(SolveRequest))],
+    body: Annotated[Parsed, Depends(parsed("solve"))],
     owner: Owner,
     service: ServiceDep,
 ) -> Response:
     """Solve a graph (inline or by id) at a budget. Identical requests are answered from the
     store (``cached: true``). A time limit above ``sync_time_limit_s`` answers 202 with a job."""
-    return await service.answer(owner, await service.prepare_solve(owner, req), as_job=False)
+    assert isinstance(body.request, SolveRequest)
+    prepared = await service.prepare_solve(owner, body.request, body.graph)
+    return await service.answer(owner, prepared, as_job=False)

@@ -1,0 +1,58 @@
+"""The OpenAPI document as the running service behaves.
+
+* The schemas of the bodies that :mod:`remat.api.body` parses itself are added (FastAPI does
+  not see them, since those routes read the raw body).
+* The API-key schemes are declared, on the ``/v1`` routes, only when the service has keys:
+  a keyless service asks for none, and a client generated from its document sends none.
+* "``graph`` or ``graph_id``, exactly one" is stated in the request schemas as a ``oneOf``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+
+from remat.api.body import documented_models
+from remat.api.settings import Settings
+
+_ONE_GRAPH = {
+    "oneOf": [
+        {"required": ["graph"], "not": {"required": ["graph_id"]}},
+        {"required": ["graph_id"], "not": {"required": ["graph"]}},
+    ]
+}
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Make ``app.openapi()`` describe the service as configured by ``settings``."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        _, defs = models_json_schema(
+            [(m, "validation") for m in documented_models()],
+            ref_template="#/components/schemas/{model}",
+        )
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in defs.get("$defs", {}).items():
+            schemas.setdefault(name, schema)
+        for name in ("SolveRequest", "FrontierRequest"):
+            if name in schemas:
+                schemas[name].update(_ONE_GRAPH)
+        if not settings.api_keys:
+            doc["components"].pop("securitySchemes", None)
+            for item in doc.get("paths", {}).values():
+                for op in item.values():
+                    if isinstance(op, dict):
+                        op.pop("security", None)
+                        op.get("responses", {}).pop("401", None)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
