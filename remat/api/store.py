@@ -247,7 +247,7 @@ class MemoryStore:
 
     def _take(self, j: JobRecord, holder: str, lease_s: float, max_attempts: int) -> bool:
         now = time.time()
-        if not self._waiting(j, now):
+        if not self._waiting(j, now) or j.holder == holder:
             return False
         if j.status == "running":
             if j.attempts >= max_attempts:

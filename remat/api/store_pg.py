@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS remat_health (id INTEGER PRIMARY KEY, at DOUBLE PRECI
 """
 
 _WAITING = "(status = 'queued' OR (status = 'running' AND COALESCE(lease_until, 0) < %s))"
+# A runner whose own lease ran out (the store was down) still runs that job: not taken twice.
+_NOT_MINE = "AND COALESCE(holder, '') != %s"
 
 
 def _redact(url: str) -> str:
@@ -207,9 +209,9 @@ class PostgresStore:
         with self._tx() as cur:
             while True:
                 cur.execute(
-                    f"SELECT {_COLS} FROM remat_jobs WHERE {_WAITING} {where} "
+                    f"SELECT {_COLS} FROM remat_jobs WHERE {_WAITING} {_NOT_MINE} {where} "
                     "ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    (now, *args),
+                    (now, holder, *args),
                 )
                 row = cur.fetchone()
                 if row is None:

@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, at REAL NOT NULL);
 
 # A job waits when it is queued, or running on a lease that ran out (its runner is gone).
 _WAITING = "(status = 'queued' OR (status = 'running' AND COALESCE(lease_until, 0) < ?))"
+# A runner whose own lease ran out (the store was down) still runs that job: not taken twice.
+_NOT_MINE = "AND COALESCE(holder, '') != ?"
 
 
 class SQLiteStore:
@@ -182,9 +184,9 @@ class SQLiteStore:
                 row = db.execute(
                     f"UPDATE jobs SET message = CASE WHEN status='running' THEN ? ELSE message "
                     "END, status='running', attempts=attempts+1, holder=?, lease_until=?, "
-                    f"updated_at=? WHERE id = (SELECT id FROM jobs WHERE {_WAITING} {where} "
-                    f"ORDER BY created_at, id LIMIT 1) RETURNING {_COLS}",
-                    (REQUEUED, holder, now + lease_s, now, now, *args),
+                    f"updated_at=? WHERE id = (SELECT id FROM jobs WHERE {_WAITING} {_NOT_MINE} "
+                    f"{where} ORDER BY created_at, id LIMIT 1) RETURNING {_COLS}",
+                    (REQUEUED, holder, now + lease_s, now, now, holder, *args),
                 ).fetchone()
                 db.execute("COMMIT")
             except BaseException:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from postgres import PostgresServer, find_bin
 from service_harness import Server
 
 from remat.ir import Graph, synthetic
@@ -30,3 +31,20 @@ def fresh_server(tmp_path: Path) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def small_graph() -> Graph:
     return synthetic.chain(8)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this pytest process (skipped only where none is installed)."""
+    bindir, why = find_bin()
+    if bindir is None:
+        pytest.skip(why)
+    s = PostgresServer(bindir).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> str:
+    """The URL of a fresh, empty database."""
+    return postgres.new_database()

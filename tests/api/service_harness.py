@@ -39,11 +39,23 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``remat serve`` subprocess; restartable on the same database."""
+    """One ``remat serve`` subprocess; restartable on the same database (``db``: a URL,
+    default a SQLite file in ``tmp``)."""
 
-    def __init__(self, tmp: Path, *, env: dict[str, str] | None = None, workers: int = 2) -> None:
+    command = "serve"
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        env: dict[str, str] | None = None,
+        workers: int = 2,
+        db: str | None = None,
+        name: str = "server",
+    ) -> None:
         self.tmp = tmp
-        self.db = f"sqlite:///{tmp / 'remat.db'}"
+        self.db = db or f"sqlite:///{tmp / 'remat.db'}"
+        self.name = name
         self.env = env or {}
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
@@ -64,11 +76,15 @@ class Server:
             "REMAT_JOB_LEASE_S": "2",
             **self.env,
         }
-        log = (self.tmp / f"server-{self.starts}.log").open("wb")
-        cmd = [sys.executable, "-c", BOOT, "serve", "--port", str(self.port), "--db", self.db]
+        log = (self.tmp / f"{self.name}-{self.starts}.log").open("wb")
+        cmd = [sys.executable, "-c", BOOT, self.command, "--db", self.db]
         cmd += ["--workers", str(self.workers), "--plugin", "remat_test_plugin"]
         cmd += ["--log-level", "warning"]
+        if self.command == "serve":
+            cmd += ["--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, env=env, cwd=self.tmp, stdout=log, stderr=log)
+        if self.command != "serve":
+            return self
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -81,7 +97,7 @@ class Server:
         raise RuntimeError(f"server did not come up: {self.log()}")
 
     def log(self) -> str:
-        return (self.tmp / f"server-{self.starts}.log").read_text()[-4000:]
+        return (self.tmp / f"{self.name}-{self.starts}.log").read_text()[-4000:]
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
@@ -98,6 +114,12 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(30)
+
+
+class Worker(Server):
+    """One ``remat worker`` subprocess (no HTTP): runs jobs from ``db``."""
+
+    command = "worker"
 
 
 def wait_for(fn: Callable[[], T], timeout_s: float = 60.0, poll_s: float = 0.05) -> T:

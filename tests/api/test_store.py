@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,18 @@ from remat.api.store import JobRecord, MemoryStore, Store, StoreUnavailable, ope
 from remat.api.store_sqlite import SQLiteStore
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "sqlite":
-        return SQLiteStore(str(tmp_path / "sub" / "remat.db"))
-    return MemoryStore()
+        s: Store = SQLiteStore(str(tmp_path / "sub" / "remat.db"))
+    elif request.param == "postgres":
+        from remat.api.store_pg import PostgresStore
+
+        s = PostgresStore(request.getfixturevalue("pg_url"))
+    else:
+        s = MemoryStore()
+    yield s
+    s.close()
 
 
 def _job(job_id: str, owner: str = "a", status: str = "queued", at: float = 0.0) -> JobRecord:
@@ -89,3 +97,61 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         open_store("postgresql://u:secret@127.0.0.1:9/db", timeout_s=1)  # no password echoed
     with pytest.raises(ValueError, match="db_url"):
         open_store("sqlite://relative.db")
+
+
+def test_a_job_is_taken_once_and_finished_only_by_its_holder(store: Store) -> None:
+    store.create_job(_job("j1", at=1.0))
+    store.create_job(_job("j2", at=2.0))
+    assert store.count_queued() == 2
+    a = store.claim_job("A", lease_s=60, max_attempts=2)
+    b = store.claim_job("B", lease_s=60, max_attempts=2)
+    assert a is not None and b is not None and (a.id, b.id) == ("j1", "j2")  # oldest first
+    assert (a.status, a.holder, a.attempts) == ("running", "A", 1)
+    assert store.claim_job("C", lease_s=60, max_attempts=2) is None  # nothing waits
+    assert store.take_job("j1", "C", lease_s=60, max_attempts=2) is None  # A's lease holds
+    assert store.count_queued() == 0
+    assert store.renew_lease("j1", "A", 60) and not store.renew_lease("j1", "B", 60)
+    assert not store.finish_job("j1", "B", status="done", result="{}")  # not B's
+    assert store.finish_job("j1", "A", status="done", result='{"r":1}')
+    j1 = store.job("j1")
+    assert j1 is not None and (j1.status, j1.result, j1.holder) == ("done", '{"r":1}', None)
+    assert not store.renew_lease("j1", "A", 60)  # finished: the runner stops
+    # A cancel (by any server) ends B's lease: its next renewal says stop.
+    assert store.update_job("j2", status="cancelled", only_if=("queued", "running"))
+    assert not store.renew_lease("j2", "B", 60)
+    assert not store.finish_job("j2", "B", status="done", result="{}")
+    j2 = store.job("j2")
+    assert j2 is not None and j2.status == "cancelled"
+
+
+def test_a_lost_runner_s_job_is_taken_again_until_attempts_run_out(store: Store) -> None:
+    store.create_job(_job("j", at=1.0))
+    first = store.claim_job("A", lease_s=0.2, max_attempts=2)
+    assert first is not None and first.attempts == 1
+    time.sleep(0.3)  # A died: no renewal, the lease runs out
+    assert store.count_queued() == 1
+    second = store.claim_job("B", lease_s=0.2, max_attempts=2)
+    assert second is not None and (second.holder, second.attempts) == ("B", 2)
+    assert "re-queued" in second.message
+    assert not store.finish_job("j", "A", status="done", result="{}")  # A came back: too late
+    assert not store.renew_lease("j", "A", 1)
+    time.sleep(0.3)  # B died too, on the last attempt allowed
+    assert store.claim_job("C", lease_s=1, max_attempts=2) is None
+    j = store.job("j")
+    assert j is not None and j.status == "failed" and "job_max_attempts=2" in (j.error or "")
+
+
+def test_release_and_expire(store: Store) -> None:
+    store.create_job(_job("j", at=1.0))
+    assert store.claim_job("A", lease_s=60, max_attempts=1) is not None
+    assert store.release_job("j", "A", "shut down")  # an orderly stop: no attempt used
+    j = store.job("j")
+    assert j is not None and (j.status, j.attempts, j.message) == ("queued", 0, "shut down")
+    assert store.take_job("j", "B", lease_s=60, max_attempts=1) is not None
+    assert not store.expire_lease("j", "A") and store.expire_lease("j", "B")  # B known dead
+    c = store.take_job("j", "C", lease_s=60, max_attempts=2)
+    assert c is not None and c.holder == "C" and c.attempts == 2
+
+
+def test_ping(store: Store) -> None:
+    store.ping()
