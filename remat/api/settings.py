@@ -113,8 +113,8 @@ class Settings(BaseModel):
         ``REMAT_MAX_TIME_LIMIT_S``, ``REMAT_SYNC_TIME_LIMIT_S``, ``REMAT_DEFAULT_TIME_LIMIT_S``,
         ``REMAT_PLUGINS``, ``REMAT_CORS_ORIGINS`` (comma separated), ``REMAT_JOB_MAX_ATTEMPTS``,
         ``REMAT_KILL_GRACE_S``, ``REMAT_WORKER_MEMORY_BYTES``, ``REMAT_MAX_VALUES``,
-        ``REMAT_JOB_LEASE_S``, ``REMAT_STORE_TIMEOUT_S``; keyword ``overrides`` that are not
-        None win."""
+        ``REMAT_JOB_LEASE_S``, ``REMAT_STORE_TIMEOUT_S``, ``REMAT_PARSE_WORKERS``; keyword
+        ``overrides`` that are not None win."""
         env = os.environ if environ is None else environ
         names = {
             "REMAT_DB": "db_url",
@@ -131,6 +131,7 @@ class Settings(BaseModel):
             "REMAT_MAX_VALUES": "max_values",
             "REMAT_JOB_LEASE_S": "job_lease_s",
             "REMAT_STORE_TIMEOUT_S": "store_timeout_s",
+            "REMAT_PARSE_WORKERS": "parse_workers",
         }
         data: dict[str, object] = {f: env[k] for k, f in names.items() if env.get(k)}
         lists = (
