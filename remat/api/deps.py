@@ -20,6 +20,8 @@ ServiceDep = Annotated[Service, Depends(get_service)]
 ERRORS: dict[int | str, dict[str, str]] = {
     401: {"description": "API key missing or invalid"},
     413: {"description": "Body larger than max_body_bytes"},
+    415: {"description": "The body is not JSON (Content-Type: application/json)"},
     422: {"description": "A field is invalid; `detail[].loc` names it"},
     429: {"description": "Queue full (max_queue)"},
+    503: {"description": "The store is unavailable just now; retry after Retry-After seconds"},
 }

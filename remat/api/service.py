@@ -25,10 +25,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import Response
-from fastapi.responses import JSONResponse
 
 from remat import solver as solvers
 from remat.api.errors import ApiError, field_error
+from remat.api.health import StoreHealth
 from remat.api.parse import GraphPayload
 from remat.api.pool import QueueFull, WorkerCrashed, WorkerPool, WorkerTimeout
 from remat.api.queue import JobQueue
@@ -90,15 +90,18 @@ class Service:
         self.pool = pool
         self.queue = queue
         self.parser = parser
+        self.health = StoreHealth(store, settings.store_timeout_s)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         await asyncio.gather(self.pool.start(), self.parser.start())
+        await self.health.start()
         await self.queue.start()
 
     async def close(self) -> None:
         await self.queue.close()
+        await self.health.close()
         await asyncio.gather(self.pool.close(), self.parser.close())
         self.store.close()
 
@@ -228,11 +231,10 @@ class Service:
                 return wrap(p.graph_id, p.key, True, hit)
         if as_job or p.time_limit_s > self.settings.sync_time_limit_s:
             rec = await self.submit(owner, p)
-            return JSONResponse(
-                job_response(rec).model_dump(mode="json"),
-                status_code=202,
-                headers={"Location": f"/v1/jobs/{rec.id}"},
-            )
+            response = job_json(rec)
+            response.status_code = 202
+            response.headers["Location"] = f"/v1/jobs/{rec.id}"
+            return response
         return wrap(p.graph_id, p.key, False, await self.run_now(p.task, p.key, p.time_limit_s))
 
     async def _check_queue(self, waiting_here: int) -> None:
@@ -343,6 +345,26 @@ def wrap(graph_id: str, key: str, cached: bool, result_json: str) -> Response:
     """The response body around a stored result, without parsing it again."""
     head = f'{{"graph_id":"{graph_id}","request_key":"{key}","cached":{str(cached).lower()},'
     return Response(head + f'"result":{result_json}}}', media_type="application/json")
+
+
+def job_json(rec: JobRecord) -> Response:
+    """A stored job as its ``JobResponse`` JSON, with progress and result spliced in as stored
+    (never parsed again: a poll stays cheap whatever the size of the plan it carries)."""
+    head = {
+        "id": rec.id,
+        "kind": rec.kind,
+        "status": rec.status,
+        "graph_id": rec.graph_id,
+        "request_key": rec.request_key,
+        "created_at": rec.created_at,
+        "updated_at": rec.updated_at,
+        "attempts": rec.attempts,
+        "message": rec.message,
+        "error": rec.error,
+    }
+    text = json.dumps(head)[:-1]
+    text += f',"progress":{rec.progress or "null"},"result":{rec.result or "null"}}}'
+    return Response(text, media_type="application/json")
 
 
 def job_response(rec: JobRecord, *, full: bool = True) -> JobResponse:

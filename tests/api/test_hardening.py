@@ -172,8 +172,11 @@ def test_a_failing_store_answers_503_and_no_job_is_left_running(
         r = httpx.post(fresh_server.url + "/v1/graphs", json=synthetic.chain(5).model_dump(mode="json"))
         assert r.status_code == 503 and r.headers["retry-after"].isdigit()
         assert "OperationalError" not in r.text and "locked" not in r.text
-        h = httpx.get(fresh_server.url + "/healthz", timeout=30)
-        assert h.status_code == 503 and h.json()["store"] == "unavailable"
+        h = wait_for(
+            lambda: (r := httpx.get(fresh_server.url + "/healthz", timeout=30)).status_code == 503
+            and r
+        )
+        assert h.json()["store"] == "unavailable" and h.headers["retry-after"].isdigit()
         time.sleep(2.5)  # the job's solve ends meanwhile; writing its outcome must wait
     finally:
         lock.execute("ROLLBACK")

@@ -36,7 +36,8 @@ def test_health_and_solvers(client: Client) -> None:
         check=True,
         cwd=Path(__file__).resolve().parents[2],
     ).stdout.strip()
-    assert set(listed) == {*fresh.split(","), "test-sleep", "test-crash"}
+    plugin = {"test-sleep", "test-crash", "test-count", "test-hog", "test-overrun"}
+    assert set(listed) == {*fresh.split(","), *plugin}
     assert listed["test-sleep"].options == ["sleep_s"]  # "progress" is not the client's to set
 
 

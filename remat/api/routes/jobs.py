@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
@@ -10,7 +11,7 @@ from remat.api.auth import Owner
 from remat.api.body import Parsed, documented, parsed
 from remat.api.deps import ERRORS, ServiceDep
 from remat.api.schemas import JobList, JobResponse, SolveRequest
-from remat.api.service import job_response
+from remat.api.service import job_json, job_response
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
@@ -41,14 +42,17 @@ async def list_jobs(
     owner: Owner, service: ServiceDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> JobList:
     """The caller's jobs, newest first (without results; fetch one job for its result)."""
-    return JobList(jobs=[job_response(r, full=False) for r in await service.jobs(owner, limit)])
+    recs = await service.jobs(owner, limit)
+    return await asyncio.to_thread(
+        lambda: JobList(jobs=[job_response(r, full=False) for r in recs])
+    )
 
 
 @router.get("/{job_id}", response_model=JobResponse, responses=NOT_FOUND)
-async def read_job(job_id: JobId, owner: Owner, service: ServiceDep) -> JobResponse:
+async def read_job(job_id: JobId, owner: Owner, service: ServiceDep) -> Response:
     """Status; while running, the best plan so far with its bound and gap; when done, the
     result; when failed, the reason."""
-    return job_response(await service.job(owner, job_id))
+    return job_json(await service.job(owner, job_id))
 
 
 @router.delete(
@@ -56,6 +60,6 @@ async def read_job(job_id: JobId, owner: Owner, service: ServiceDep) -> JobRespo
     response_model=JobResponse,
     responses={**NOT_FOUND, 409: {"description": "The job has already finished"}},
 )
-async def cancel_job(job_id: JobId, owner: Owner, service: ServiceDep) -> JobResponse:
-    """Cancel a queued or running job (a running solve's worker is stopped)."""
-    return job_response(await service.cancel(owner, job_id))
+async def cancel_job(job_id: JobId, owner: Owner, service: ServiceDep) -> Response:
+    """Cancel a queued or running job (its solver is stopped on whichever worker runs it)."""
+    return job_json(await service.cancel(owner, job_id))
