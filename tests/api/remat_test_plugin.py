@@ -45,25 +45,20 @@ def solve_crash(problem: Problem) -> SolveResult:
 
 
 @register("test-count", kind="baseline", summary="Test only: log each run, sleep, answer")
-def solve_count(
-    graph: Graph,
-    budget_bytes: int,
-    *,
-    time_limit_s: float | None = None,
-    sleep_s: float = 0.2,
-) -> SolveResult:
+def solve_count(problem: Problem, *, sleep_s: float = 0.2) -> SolveResult:
     """Appends ``start BUDGET PID`` and ``end BUDGET PID`` lines to ``$REMAT_TEST_RUN_LOG``, so
     a test counts how often each job (told apart by its budget) ran, and where. A run whose
     server or worker died meanwhile (this process was orphaned) writes no ``end``: its answer
     can reach no one."""
     log = os.environ["REMAT_TEST_RUN_LOG"]
+    graph, budget_bytes = problem.graph, problem.budget_bytes
     parent = os.getppid()
     with open(log, "a") as f:
         f.write(f"start {budget_bytes} {os.getpid()}\n")
     t0 = time.perf_counter()
     time.sleep(sleep_s)
     plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
-    result = result_from_plan(graph, budget_bytes, plan, solver="test-count", started=t0)
+    result = problem.result(plan, solver="test-count", started=t0)
     if os.getppid() != parent:
         os._exit(0)
     with open(log, "a") as f:
@@ -72,27 +67,19 @@ def solve_count(
 
 
 @register("test-hog", kind="baseline", summary="Test only: allocate memory_bytes at once")
-def solve_hog(
-    graph: Graph,
-    budget_bytes: int,
-    *,
-    time_limit_s: float | None = None,
-    memory_bytes: int = 2**30,
-) -> SolveResult:
+def solve_hog(problem: Problem, *, memory_bytes: int = 2**30) -> SolveResult:
     """Asks for ``memory_bytes`` of memory (as a solver with a runaway option would)."""
     block = bytearray(memory_bytes)
     t0 = time.perf_counter()
-    plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
+    plan = keep_plan(problem.graph, {v for c in block_cuts(problem.graph) for v in c.values})
     del block
-    return result_from_plan(graph, budget_bytes, plan, solver="test-hog", started=t0)
+    return problem.result(plan, solver="test-hog", started=t0)
 
 
 @register("test-overrun", kind="baseline", summary="Test only: ignore the time limit")
-def solve_overrun(
-    graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, sleep_s: float = 20.0
-) -> SolveResult:
+def solve_overrun(problem: Problem, *, sleep_s: float = 20.0) -> SolveResult:
     """Sleeps ``sleep_s`` whatever its time limit, as a solver stuck in native code would."""
     t0 = time.perf_counter()
     time.sleep(sleep_s)
-    plan = keep_plan(graph, {v for c in block_cuts(graph) for v in c.values})
-    return result_from_plan(graph, budget_bytes, plan, solver="test-overrun", started=t0)
+    plan = keep_plan(problem.graph, {v for c in block_cuts(problem.graph) for v in c.values})
+    return problem.result(plan, solver="test-overrun", started=t0)

@@ -169,7 +169,11 @@ def test_a_failing_store_answers_503_and_no_job_is_left_running(
     lock = sqlite3.connect(path, isolation_level=None, timeout=30)
     lock.execute("BEGIN EXCLUSIVE")  # every other writer now fails: the store is unwritable
     try:
-        r = httpx.post(fresh_server.url + "/v1/graphs", json=synthetic.chain(5).model_dump(mode="json"))
+        r = httpx.post(
+            fresh_server.url + "/v1/graphs",
+            json=synthetic.chain(5).model_dump(mode="json"),
+            timeout=60,
+        )
         assert r.status_code == 503 and r.headers["retry-after"].isdigit()
         assert "OperationalError" not in r.text and "locked" not in r.text
         h = wait_for(
