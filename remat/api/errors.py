@@ -8,6 +8,7 @@ store is unavailable) and ``{"detail": [{"loc": [...], "msg":
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,18 @@ def _clean(errors: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method the OpenAPI document lists at this request's path."""
+    table: list[tuple[re.Pattern[str], list[str]]] | None = getattr(app.state, "allow", None)
+    if table is None:
+        table = []
+        for path, item in app.openapi().get("paths", {}).items():
+            rx = re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(path)) + "$")
+            table.append((rx, sorted(m.upper() for m in item if m != "parameters")))
+        app.state.allow = table
+    return sorted({m for rx, ms in table if rx.match(request.url.path) for m in ms})
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that give every error the shapes above."""
 
@@ -79,9 +92,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
-        )
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route matching the path only.
+            headers["Allow"] = ", ".join(allowed_methods(app, request))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

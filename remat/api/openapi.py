@@ -16,7 +16,20 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from remat.api.body import documented_models
+from remat.api.schemas import MAX_BYTES, MAX_FLOPS, MAX_TIME_S
 from remat.api.settings import Settings
+
+# The bounds the service enforces on a graph's numbers (remat.api.schemas.check_magnitudes),
+# stated where a client can see them.
+_BOUNDS: dict[tuple[str, str], dict[str, Any]] = {
+    ("Graph", "static_bytes"): {"minimum": 0, "maximum": MAX_BYTES},
+    ("Value", "size_bytes"): {"minimum": 0, "maximum": MAX_BYTES},
+    ("Node", "workspace_bytes"): {"minimum": 0, "maximum": MAX_BYTES},
+    ("Node", "time_s"): {"minimum": 0, "maximum": MAX_TIME_S},
+    ("Node", "flops"): {"minimum": 0, "maximum": MAX_FLOPS},
+    ("DeviceProfile", "memory_bandwidth_bytes_per_s"): {"exclusiveMinimum": 0, "maximum": 1e30},
+    ("DeviceProfile", "host_bandwidth_bytes_per_s"): {"exclusiveMinimum": 0, "maximum": 1e30},
+}
 
 _ONE_GRAPH = {
     "oneOf": [
@@ -45,6 +58,23 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
         for name in ("SolveRequest", "FrontierRequest"):
             if name in schemas:
                 schemas[name].update(_ONE_GRAPH)
+                props = schemas[name]["properties"]
+                # Absent or set, never null (remat.api.schemas.GraphRef).
+                props["graph"] = {"$ref": "#/components/schemas/Graph"}
+                props["graph_id"] = next(
+                    (v for v in props["graph_id"].get("anyOf", []) if v.get("type") == "string"),
+                    props["graph_id"],
+                )
+        for (model, field), bounds in _BOUNDS.items():
+            if model in schemas and field in schemas[model].get("properties", {}):
+                schemas[model]["properties"][field].update(bounds)
+        device = schemas.get("DeviceProfile", {}).get("properties", {})
+        if "peak_flops_per_s" in device:
+            device["peak_flops_per_s"]["additionalProperties"] = {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 1e30,
+            }
         if not settings.api_keys:
             doc["components"].pop("securitySchemes", None)
             for item in doc.get("paths", {}).values():

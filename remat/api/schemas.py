@@ -22,11 +22,19 @@ from pydantic import (
 
 from remat.ir import Graph, PlanFigures, SolveResult
 
+# A budget as the API takes it: exactly the forms its schema states, so that a client (or a
+# fuzzer) that follows the schema is never refused for the form of its budget.
+_QUANTITY = r"\s*[0-9]{1,9}(?:\.[0-9]{1,6})?\s*(?:[bB]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*"
+_PERCENT = r"\s*(?:100(?:\.0{1,6})?|(?!0*(?:\.0*)?\s*%)[0-9]{1,2}(?:\.[0-9]{1,6})?)\s*%\s*"
+BUDGET_PATTERN = f"^(?:{_QUANTITY}|{_PERCENT})$"
 BudgetSpec = Annotated[
-    StrictInt | StrictFloat | StrictStr,
+    Annotated[StrictInt, Field(ge=0, le=2**60)]
+    | Annotated[StrictFloat, Field(gt=0, le=1)]
+    | Annotated[StrictStr, Field(pattern=BUDGET_PATTERN, max_length=40)],
     Field(
-        description="Total device bytes (an integer), a quantity such as '12GiB', a percentage "
-        "such as '70%', or a fraction in (0, 1] of the no-remat dynamic peak (plus static bytes)."
+        description="Total device bytes (an integer), a quantity such as '12GiB' (B, kB, MB, "
+        "GB, KiB, MiB, GiB), a percentage in (0, 100] such as '70%', or a fraction in (0, 1] "
+        "of the no-remat dynamic peak (plus static bytes)."
     ),
 ]
 OptionValue = StrictInt | StrictFloat | StrictStr | bool | None
@@ -41,7 +49,7 @@ MAX_FLOPS = 2**62
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, regex_engine="python-re")
 
 
 def _finite_positive(v: float | None, field: str) -> float | None:
@@ -55,6 +63,16 @@ class GraphRef(_Strict):
 
     graph: Graph | None = None
     graph_id: GraphId | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: object) -> object:
+        # Absent, not null: the schema says an object or an id (and exactly one of them).
+        if isinstance(data, dict):
+            for key in ("graph", "graph_id"):
+                if key in data and data[key] is None:
+                    raise ValueError(f"'{key}': leave it out instead of sending null")
+        return data
 
     @model_validator(mode="after")
     def _one_graph(self) -> GraphRef:
@@ -262,27 +280,31 @@ class ErrorItem(BaseModel):
 
 
 def check_magnitudes(graph: Graph, at: tuple[str, ...] = ("body",)) -> list[ErrorItem]:
-    """Numbers too large for any real step (see ``MAX_BYTES``), each with its field's path
-    (under ``at``, the graph's own path in the request)."""
+    """Numbers out of the range the service accepts (negative, or too large for any real step:
+    see ``MAX_BYTES``), each with its field's path (under ``at``, the graph's own path in the
+    request). The OpenAPI document states the same bounds."""
     errs: list[ErrorItem] = []
 
     def bad(loc: list[str | int], msg: str) -> None:
-        errs.append(ErrorItem(loc=[*at, *loc], msg=msg, type="value_error.too_large"))
+        errs.append(ErrorItem(loc=[*at, *loc], msg=msg, type="value_error.out_of_range"))
 
-    if graph.static_bytes > MAX_BYTES:
-        bad(["static_bytes"], f"static_bytes exceeds {MAX_BYTES}")
+    def check(loc: list[str | int], what: str, x: float, top: float) -> None:
+        if not (math.isfinite(x) and 0 <= x <= top):
+            bad(loc, f"{what} must be in [0, {top:g}], got {x!r}")
+
+    check(["static_bytes"], "static_bytes", graph.static_bytes, MAX_BYTES)
     for i, v in enumerate(graph.values):
-        if v.size_bytes > MAX_BYTES:
-            bad(["values", i, "size_bytes"], f"value {v.id!r}: size_bytes exceeds {MAX_BYTES}")
-    for i, n in enumerate(graph.nodes):
-        if n.workspace_bytes > MAX_BYTES:
-            bad(["nodes", i, "workspace_bytes"], f"node {n.id!r}: workspace_bytes too large")
-        if n.time_s > MAX_TIME_S:
-            bad(["nodes", i, "time_s"], f"node {n.id!r}: time_s exceeds {MAX_TIME_S:g}")
-        if n.flops > MAX_FLOPS:
-            bad(["nodes", i, "flops"], f"node {n.id!r}: flops exceeds {MAX_FLOPS}")
+        check(["values", i, "size_bytes"], f"value {v.id!r}: size_bytes", v.size_bytes, MAX_BYTES)
         if len(errs) >= 10:
-            break
+            return errs
+    for i, n in enumerate(graph.nodes):
+        name = f"node {n.id!r}"
+        ws = n.workspace_bytes
+        check(["nodes", i, "workspace_bytes"], f"{name}: workspace_bytes", ws, MAX_BYTES)
+        check(["nodes", i, "time_s"], f"{name}: time_s", n.time_s, MAX_TIME_S)
+        check(["nodes", i, "flops"], f"{name}: flops", n.flops, MAX_FLOPS)
+        if len(errs) >= 10:
+            return errs
     if graph.device is not None:
         d = graph.device
         nums: list[tuple[str, float]] = [
@@ -291,6 +313,6 @@ def check_magnitudes(graph: Graph, at: tuple[str, ...] = ("body",)) -> list[Erro
             *((f"peak_flops_per_s.{k}", x) for k, x in d.peak_flops_per_s.items()),
         ]
         for name, x in nums:
-            if not (math.isfinite(x) and x > 0):
+            if not (math.isfinite(x) and 0 < x <= 1e30):
                 bad(["device", name], f"device {name} must be a positive finite number")
     return errs

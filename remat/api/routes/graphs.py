@@ -15,7 +15,13 @@ from remat.ir import Graph
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"], responses=ERRORS)
 
 
-@router.post("", response_model=GraphSummary, status_code=201, openapi_extra=documented(Graph))
+@router.post(
+    "",
+    response_model=GraphSummary,
+    status_code=201,
+    responses={200: {"model": GraphSummary, "description": "Already stored: the same id"}},
+    openapi_extra=documented(Graph),
+)
 async def create_graph(
     body: Annotated[Parsed, Depends(parsed("graph"))],
     owner: Owner,
