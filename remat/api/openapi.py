@@ -4,7 +4,10 @@
   not see them, since those routes read the raw body).
 * The API-key schemes are declared, on the ``/v1`` routes, only when the service has keys:
   a keyless service asks for none, and a client generated from its document sends none.
-* "``graph`` or ``graph_id``, exactly one" is stated in the request schemas as a ``oneOf``.
+* "``graph`` or ``graph_id``, exactly one" is stated in the request schemas as a ``oneOf``;
+  ``solver`` is one of the registered names and ``options`` are that solver's (one ``Options_*``
+  schema per solver, from :mod:`remat.api.options`).
+* The bounds the service enforces on a graph's numbers are stated on their fields.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from remat import solver as solvers
+from remat.api import options as solver_options
 from remat.api.body import documented_models
 from remat.api.schemas import MAX_BYTES, MAX_FLOPS, MAX_TIME_S
 from remat.api.settings import Settings
@@ -37,6 +42,67 @@ _ONE_GRAPH = {
         {"required": ["graph_id"], "not": {"required": ["graph"]}},
     ]
 }
+
+
+def _per_solver_options(schemas: dict[str, Any]) -> None:
+    """``solver`` is one of the registered names, and ``options`` are that solver's."""
+    by_solver = solver_options.schemas()
+    for name, schema in by_solver.items():
+        schemas[_ref_name(name)] = schema
+    default = solvers.default_solver()
+    variants: list[dict[str, Any]] = [
+        {
+            "properties": {
+                "solver": {"const": name},
+                "options": {"$ref": f"#/components/schemas/{_ref_name(name)}"},
+            },
+            "required": ["solver"],
+        }
+        for name in by_solver
+    ]
+    variants.append(
+        {
+            "properties": {
+                "solver": {"type": "null"},
+                "options": {"$ref": f"#/components/schemas/{_ref_name(default)}"},
+            }
+        }
+    )
+    for model in ("SolveRequest", "FrontierRequest"):
+        if model not in schemas:
+            continue
+        props = schemas[model]["properties"]
+        props["solver"] = {
+            "anyOf": [{"type": "string", "enum": sorted(by_solver)}, {"type": "null"}],
+            "default": None,
+            "description": f"A registered solver (GET /v1/solvers); default {default!r}.",
+        }
+        props["options"] = {
+            "type": "object",
+            "default": {},
+            "description": "Options of the named solver: see the Options_* schemas.",
+        }
+        rules = [{"oneOf": schemas[model].pop("oneOf")}] if "oneOf" in schemas[model] else []
+        schemas[model]["allOf"] = [*rules, {"oneOf": variants}]
+
+
+def _limits(schemas: dict[str, Any], settings: Settings) -> None:
+    """The request limits of this service's settings."""
+    for model in ("SolveRequest", "FrontierRequest"):
+        t = schemas.get(model, {}).get("properties", {}).get("time_limit_s")
+        if t is not None:
+            for alt in t.get("anyOf", []):
+                if alt.get("type") == "number":
+                    alt.update({"exclusiveMinimum": 0, "maximum": settings.max_time_limit_s})
+    budgets = schemas.get("FrontierRequest", {}).get("properties", {}).get("budgets")
+    if budgets is not None:
+        for alt in budgets.get("anyOf", []):
+            if alt.get("type") == "array":
+                alt.update({"minItems": 1, "maxItems": settings.max_frontier_points})
+
+
+def _ref_name(solver: str) -> str:
+    return "Options_" + "".join(c if c.isalnum() else "_" for c in solver)
 
 
 def install_openapi(app: FastAPI, settings: Settings) -> None:
@@ -65,6 +131,8 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                     (v for v in props["graph_id"].get("anyOf", []) if v.get("type") == "string"),
                     props["graph_id"],
                 )
+        _per_solver_options(schemas)
+        _limits(schemas, settings)
         for (model, field), bounds in _BOUNDS.items():
             if model in schemas and field in schemas[model].get("properties", {}):
                 schemas[model]["properties"][field].update(bounds)

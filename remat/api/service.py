@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from fastapi import Response
 
 from remat import solver as solvers
+from remat.api import options as solver_options
 from remat.api.errors import ApiError, field_error
 from remat.api.health import StoreHealth
 from remat.api.parse import GraphPayload
@@ -152,11 +153,19 @@ class Service:
             raise field_error(["body", "solver"], str(exc), "unknown_solver") from None
         for opt in options:
             if opt not in si.options or opt == PROGRESS_OPTION:
-                known = ", ".join(si.options) or "none"
+                known = ", ".join(o for o in si.options if o != PROGRESS_OPTION) or "none"
                 raise field_error(
                     ["body", "options", opt],
                     f"solver {chosen!r} has no option {opt!r} (its options: {known})",
                 )
+        # Types from the solver's signature, then the solver's own check (its bounds), here
+        # in the server before any work.
+        solver_options.check(chosen, options)
+        try:
+            si.check_options(options)
+        except ValueError as exc:
+            named = [o for o in options if repr(o) in str(exc) or f"'{o}'" in str(exc)]
+            raise field_error(["body", "options", *named[:1]], str(exc)) from None
         return chosen
 
     def _time_limit(self, given: float | None, default: float) -> float:

@@ -1,0 +1,73 @@
+"""Each solver's options as a strict pydantic model: checked in the server, shown in OpenAPI.
+
+The model is derived from the solver's keyword parameters (their annotations and defaults), so
+a request's options are refused with a 422 naming the option, before any work, when the name is
+unknown or the value has the wrong type (``"yes"`` for a ``bool``, ``true`` for an ``int``).
+The solver's own :meth:`~remat.solver.base.SolverInfo.check_options` then applies its bounds.
+The same model's JSON schema is what ``/openapi.json`` shows for that solver.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from remat import solver as solvers
+from remat.api.errors import ApiError
+from remat.api.tasks import PROGRESS_OPTION
+
+
+@functools.cache
+def options_model(name: str) -> type[BaseModel]:
+    """The strict model of solver ``name``'s options."""
+    si = solvers.info(name)
+    try:
+        hints = typing.get_type_hints(si.fn)
+    except Exception:  # an annotation that does not resolve: no types, names only
+        hints = {}
+    params = inspect.signature(si.fn).parameters
+    fields: dict[str, Any] = {}
+    for opt in si.options:
+        if opt == PROGRESS_OPTION or opt not in params:
+            continue
+        default = params[opt].default
+        hint = hints.get(opt, Any)
+        fields[opt] = (hint, ... if default is inspect.Parameter.empty else default)
+    title = "Options_" + "".join(c if c.isalnum() else "_" for c in name)
+    config = ConfigDict(extra="forbid", strict=True, title=title, frozen=True)
+    return create_model(title, __config__=config, **fields)
+
+
+def check(name: str, options: dict[str, Any]) -> None:
+    """422 naming the first option of ``options`` that solver ``name`` does not accept."""
+    try:
+        # As JSON, the form it came in: strict, yet a list is a tuple and 1 is a float.
+        options_model(name).model_validate_json(json.dumps(options))
+    except ValidationError as exc:
+        raise ApiError(
+            422,
+            [
+                {
+                    "loc": ["body", "options", *e["loc"]],
+                    "msg": f"solver {name!r}: {e['msg']}",
+                    "type": e["type"],
+                }
+                for e in exc.errors()
+            ],
+        ) from None
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    """JSON schema of each registered solver's options, by solver name."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in solvers.available():
+        schema = options_model(name).model_json_schema()
+        schema.pop("title", None)
+        schema["description"] = f"Options of solver {name!r} (GET /v1/solvers)."
+        out[name] = schema
+    return out
