@@ -64,18 +64,13 @@ class GraphRef(_Strict):
     graph: Graph | None = None
     graph_id: GraphId | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nulls(cls, data: object) -> object:
-        # Absent, not null: the schema says an object or an id (and exactly one of them).
-        if isinstance(data, dict):
-            for key in ("graph", "graph_id"):
-                if key in data and data[key] is None:
-                    raise ValueError(f"'{key}': leave it out instead of sending null")
-        return data
-
     @model_validator(mode="after")
     def _one_graph(self) -> GraphRef:
+        # Absent, not null: the schema says an object or an id (and exactly one of them). (An
+        # "after" check: a "before" one would make strict JSON parsing refuse arrays as tuples.)
+        for key in ("graph", "graph_id"):
+            if key in self.model_fields_set and getattr(self, key) is None:
+                raise ValueError(f"'{key}': leave it out instead of sending null")
         if (self.graph is None) == (self.graph_id is None):
             raise ValueError("give exactly one of 'graph' (inline) or 'graph_id' (stored)")
         return self
