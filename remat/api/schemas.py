@@ -7,15 +7,18 @@ types without FastAPI.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StrictFloat,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -27,14 +30,37 @@ from remat.ir import Graph, PlanFigures, SolveResult
 _QUANTITY = r"\s*[0-9]{1,9}(?:\.[0-9]{1,6})?\s*(?:[bB]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*"
 _PERCENT = r"\s*(?:100(?:\.0{1,6})?|(?!0*(?:\.0*)?\s*%)[0-9]{1,2}(?:\.[0-9]{1,6})?)\s*%\s*"
 BUDGET_PATTERN = f"^(?:{_QUANTITY}|{_PERCENT})$"
+_BUDGET_RX = re.compile(BUDGET_PATTERN)
+_BUDGET_DOC = (
+    "Total device bytes (an integer), a quantity such as '12GiB' (B, kB, MB, GB, KiB, MiB, "
+    "GiB), a percentage in (0, 100] such as '70%', or a fraction in (0, 1] of the no-remat "
+    "dynamic peak (plus static bytes)."
+)
+
+
+def _budget_form(v: int | float | str) -> int | float | str:
+    # One check after the union, so an error names the field itself (not a union member).
+    if isinstance(v, int) and not 0 <= v <= 2**60:
+        raise ValueError(f"budget: {v} bytes is outside [0, 2**60]")
+    if isinstance(v, float) and not 0 < v <= 1:
+        raise ValueError(f"budget: a fraction must be in (0, 1], got {v!r}")
+    if isinstance(v, str) and (len(v) > 40 or not _BUDGET_RX.match(v)):
+        raise ValueError(f"budget: not a quantity ('12GiB') or a percentage ('70%'): {v!r}")
+    return v
+
+
 BudgetSpec = Annotated[
-    Annotated[StrictInt, Field(ge=0, le=2**60)]
-    | Annotated[StrictFloat, Field(gt=0, le=1)]
-    | Annotated[StrictStr, Field(pattern=BUDGET_PATTERN, max_length=40)],
-    Field(
-        description="Total device bytes (an integer), a quantity such as '12GiB' (B, kB, MB, "
-        "GB, KiB, MiB, GiB), a percentage in (0, 100] such as '70%', or a fraction in (0, 1] "
-        "of the no-remat dynamic peak (plus static bytes)."
+    StrictInt | StrictFloat | StrictStr,
+    AfterValidator(_budget_form),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": 2**60},
+                {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                {"type": "string", "pattern": BUDGET_PATTERN, "maxLength": 40},
+            ],
+            "description": _BUDGET_DOC,
+        }
     ),
 ]
 OptionValue = StrictInt | StrictFloat | StrictStr | bool | None

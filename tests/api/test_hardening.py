@@ -231,7 +231,7 @@ def test_openapi_matches_the_configuration(server: Server, fresh_server: Server)
     doc = httpx.get(server.url + "/openapi.json").json()
     assert "securitySchemes" not in doc.get("components", {})
     assert all("security" not in op for item in doc["paths"].values() for op in item.values())
-    one_of = doc["components"]["schemas"]["SolveRequest"]["oneOf"]
+    one_of = doc["components"]["schemas"]["SolveRequest"]["allOf"][0]["oneOf"]
     assert [o["required"] for o in one_of] == [["graph"], ["graph_id"]]
     fresh_server.env = {"REMAT_API_KEYS": ALICE}
     fresh_server.start()
