@@ -1,9 +1,10 @@
 """Each solver's options as a strict pydantic model: checked in the server, shown in OpenAPI.
 
-The model is derived from the solver's keyword parameters (their annotations and defaults), so
-a request's options are refused with a 422 naming the option, before any work, when the name is
-unknown or the value has the wrong type (``"yes"`` for a ``bool``, ``true`` for an ``int``).
-The solver's own :meth:`~remat.solver.base.SolverInfo.check_options` then applies its bounds.
+Registered solvers declare a typed, bounded model (``SolverInfo.options_model``), which the
+service applies through ``SolverInfo.check_options`` before any work (422 naming the option). A
+plugin solver registered without one gets a strict model derived from its keyword parameters
+(annotations and defaults): unknown names and wrong types (``"yes"`` for a ``bool``, ``true``
+for an ``int``) are refused the same way.
 The same model's JSON schema is what ``/openapi.json`` shows for that solver.
 """
 
@@ -24,8 +25,11 @@ from remat.api.tasks import PROGRESS_OPTION
 
 @functools.cache
 def options_model(name: str) -> type[BaseModel]:
-    """The strict model of solver ``name``'s options."""
+    """The model of solver ``name``'s options: the solver's own typed, bounded one, or (for a
+    plugin registered without one) a strict model derived from its signature."""
     si = solvers.info(name)
+    if si.options_model is not None:
+        return si.options_model
     try:
         hints = typing.get_type_hints(si.fn)
     except Exception:  # an annotation that does not resolve: no types, names only
@@ -44,7 +48,10 @@ def options_model(name: str) -> type[BaseModel]:
 
 
 def check(name: str, options: dict[str, Any]) -> None:
-    """422 naming the first option of ``options`` that solver ``name`` does not accept."""
+    """422 naming the first option of ``options`` that solver ``name`` does not accept (for
+    solvers with their own options model, its check runs in the service right after)."""
+    if solvers.info(name).options_model is not None:
+        return
     try:
         # As JSON, the form it came in: strict, yet a list is a tuple and 1 is a float.
         options_model(name).model_validate_json(json.dumps(options))

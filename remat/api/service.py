@@ -164,8 +164,9 @@ class Service:
         try:
             si.check_options(options)
         except ValueError as exc:
-            named = [o for o in options if repr(o) in str(exc) or f"'{o}'" in str(exc)]
-            raise field_error(["body", "options", *named[:1]], str(exc)) from None
+            named = getattr(exc, "option", None)
+            loc: list[str | int] = ["body", "options", *([named] if named else [])]
+            raise field_error(loc, str(exc), "invalid_option") from None
         return chosen
 
     def _time_limit(self, given: float | None, default: float) -> float:
