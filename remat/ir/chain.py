@@ -37,7 +37,7 @@ from remat.ir.graph import Graph
 from remat.ir.plan import Plan, Step
 
 CutKind = Literal["auto", "articulation", "blocks"]
-ChainOpKind = Literal["forward", "backward", "offload", "prefetch"]
+ChainOpKind = Literal["forward", "backward", "offload", "prefetch", "rerun"]
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,14 @@ class Chain:
 
 @dataclass(frozen=True)
 class ChainOp:
-    """One step of a chain schedule: ``forward`` / ``backward`` of stage ``stage``, or
-    ``offload`` / ``prefetch`` of its saved values."""
+    """One step of a chain schedule: ``forward`` / ``backward`` of stage ``stage``,
+    ``offload`` / ``prefetch`` of its saved values, or ``rerun`` of some of its forward nodes
+    (``nodes``, in graph order: the values a partial save dropped, made again for its
+    backward)."""
 
     kind: ChainOpKind
     stage: int
+    nodes: tuple[str, ...] = ()
 
 
 def _select_cuts(graph: Graph, kind: CutKind) -> tuple[list[Cut], str]:
@@ -174,8 +177,15 @@ def chain_view(graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None =
         step = len(chosen) / max(k, 1)
         chosen = [chosen[min(len(chosen) - 1, round((j + 1) * step) - 1)] for j in range(k)]
         chosen = list({c.position: c for c in chosen}.values())
+    return chain_of_cuts(graph, chosen, kind)
+
+
+def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
+    """The chain of ``graph`` with stages between the given cuts (any forward cuts, e.g.
+    :func:`remat.ir.cuts.forward_cuts` picked by a solver); ``kind`` is recorded."""
     nodes = graph.nodes
     size = {v.id: v.size_bytes for v in graph.values}
+    static = {v.id for v in graph.values if graph.is_static(v.id)}
     bounds = sorted(c.position for c in chosen)
     stage_of: dict[int, int] = {}
     s = 0
@@ -229,13 +239,13 @@ def chain_view(graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None =
             o
             for i in fwd
             for o in nodes[i].outputs
-            if o in produced_in and not graph.is_static(o) and home[o] == st and bwd_readers[o]
+            if o in produced_in and o not in static and home[o] == st and bwd_readers[o]
         ]
         inner = {
             o
             for i in fwd
             for o in nodes[i].outputs
-            if not graph.is_static(o) and o not in out_cut and not graph.is_required(o)
+            if o not in static and o not in out_cut and not graph.is_required(o)
         }
         saved_set = set(saved)
         stages.append(
@@ -254,7 +264,7 @@ def chain_view(graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None =
                 backward_temp_bytes=_transient(
                     graph,
                     bwd,
-                    {o for i in bwd for o in nodes[i].outputs if not graph.is_static(o)},
+                    {o for i in bwd for o in nodes[i].outputs if o not in static},
                     # gradients that leave the stage are rotor's δ_{i-1}, counted apart
                     {
                         o
@@ -285,6 +295,8 @@ def expand(chain: Chain, ops: Iterable[ChainOp]) -> Plan:
         forward of its stage).
     """
     g = chain.graph
+    node_of = {n.id: n for n in g.nodes}
+    static_or_required = {v.id for v in g.values if g.is_static(v.id) or g.is_required(v.id)}
     done: set[str] = set()
     steps: list[Step] = []
     offloaded: dict[int, list[str]] = {}
@@ -292,16 +304,17 @@ def expand(chain: Chain, ops: Iterable[ChainOp]) -> Plan:
         st = chain.stages[op.stage]
         if op.kind == "forward":
             for nid in st.forward_nodes:
-                node = g.node(nid)
+                node = node_of[nid]
                 if nid in done and (
-                    not node.recomputable
-                    or all(g.is_static(o) or g.is_required(o) for o in node.outputs)
+                    not node.recomputable or all(o in static_or_required for o in node.outputs)
                 ):
                     continue
                 done.add(nid)
                 steps.append(Step(op="compute", id=nid))
         elif op.kind == "backward":
             steps.extend(Step(op="compute", id=nid) for nid in st.backward_nodes)
+        elif op.kind == "rerun":
+            steps.extend(Step(op="compute", id=nid) for nid in op.nodes)
         elif op.kind == "offload":
             vals = [v for v in st.saved_values if not g.is_required(v)]
             offloaded[op.stage] = vals
@@ -326,17 +339,17 @@ def plan_from_steps(graph: Graph, steps: Sequence[Step]) -> Plan:
     InvalidPlanError
         When a compute reads a value that no earlier step made.
     """
+    static = {v.id for v in graph.values if graph.is_static(v.id)}
     keep_forever = {
-        v.id
-        for v in graph.values
-        if v.kind == "input" or graph.is_static(v.id) or graph.is_required(v.id)
+        v.id for v in graph.values if v.kind == "input" or v.id in static or graph.is_required(v.id)
     }
+    node_of = {n.id: n for n in graph.nodes}
     # Index reads and creations of each value.
     reads: dict[str, list[int]] = {}
     makes: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
         if s.op == "compute":
-            node = graph.node(s.id)
+            node = node_of[s.id]
             for x in node.inputs:
                 reads.setdefault(x, []).append(i)
             for o in node.outputs:
@@ -356,7 +369,7 @@ def plan_from_steps(graph: Graph, steps: Sequence[Step]) -> Plan:
     for i, s in enumerate(steps):
         v = s.id
         if s.op == "compute":
-            for o in graph.node(v).outputs:
+            for o in node_of[v].outputs:
                 where[o] = "device"
         elif s.op == "offload":
             if v in keep_forever or where.get(v) != "device":
@@ -385,7 +398,7 @@ def plan_from_steps(graph: Graph, steps: Sequence[Step]) -> Plan:
     for i in range(len(kept) - 1, -1, -1):
         s = kept[i]
         if s.op == "compute":
-            node = graph.node(s.id)
+            node = node_of[s.id]
             for o in node.outputs:
                 if o not in keep_forever:
                     close(o, i)
@@ -401,9 +414,9 @@ def plan_from_steps(graph: Graph, steps: Sequence[Step]) -> Plan:
     resident = {v.id for v in graph.values if v.kind == "input"}
     for i, s in enumerate(kept):
         if s.op == "compute":
-            node = graph.node(s.id)
+            node = node_of[s.id]
             for x in node.inputs:
-                if x not in resident and not graph.is_static(x):
+                if x not in resident and x not in static:
                     raise InvalidPlanError(
                         f"compute {s.id!r} reads value {x!r}, which no earlier step made"
                     )

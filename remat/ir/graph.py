@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
@@ -203,6 +203,13 @@ class Graph(BaseModel, metaclass=_GraphMeta):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     # -- lookups ------------------------------------------------------------------------------
+    # The indexes are read from ``__pydantic_private__`` directly: ``self._x`` on a pydantic
+    # model goes through ``BaseModel.__getattr__``, measured 20x slower, and solvers call these
+    # lookups hundreds of thousands of times on large graphs.
+
+    @property
+    def _p(self) -> dict[str, Any]:
+        return cast(dict[str, Any], self.__pydantic_private__)
 
     @property
     def num_nodes(self) -> int:
@@ -214,47 +221,51 @@ class Graph(BaseModel, metaclass=_GraphMeta):
 
     def node(self, node_id: str) -> Node:
         try:
-            return self.nodes[self._node_index[node_id]]
+            i: int = self._p["_node_index"][node_id]
+            return self.nodes[i]
         except KeyError:
             raise KeyError(f"unknown node id {node_id!r}") from None
 
     def value(self, value_id: str) -> Value:
         try:
-            return self.values[self._value_index[value_id]]
+            i: int = self._p["_value_index"][value_id]
+            return self.values[i]
         except KeyError:
             raise KeyError(f"unknown value id {value_id!r}") from None
 
     def has_node(self, node_id: str) -> bool:
-        return node_id in self._node_index
+        return node_id in self._p["_node_index"]
 
     def has_value(self, value_id: str) -> bool:
-        return value_id in self._value_index
+        return value_id in self._p["_value_index"]
 
     def node_position(self, node_id: str) -> int:
         """Index of the node in :attr:`nodes` (its place in the unmodified step)."""
-        return self._node_index[node_id]
+        i: int = self._p["_node_index"][node_id]
+        return i
 
     def producer_of(self, value_id: str) -> Node | None:
-        i = self._producer.get(value_id)
+        i = self._p["_producer"].get(value_id)
         return None if i is None else self.nodes[i]
 
     def producer_position(self, value_id: str) -> int | None:
-        return self._producer.get(value_id)
+        i: int | None = self._p["_producer"].get(value_id)
+        return i
 
     def consumers_of(self, value_id: str) -> list[Node]:
         """Nodes that read the value, in graph order."""
-        return [self.nodes[i] for i in self._consumers.get(value_id, ())]
+        return [self.nodes[i] for i in self._p["_consumers"].get(value_id, ())]
 
     def consumer_positions(self, value_id: str) -> list[int]:
-        return list(self._consumers.get(value_id, ()))
+        return list(self._p["_consumers"].get(value_id, ()))
 
     def is_required(self, value_id: str) -> bool:
-        return value_id in self._required_set
+        return value_id in self._p["_required_set"]
 
     def is_static(self, value_id: str) -> bool:
         """True for values whose bytes are part of ``static_bytes`` (see the module docstring)."""
         v = self.value(value_id)
-        return v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in self._required_set)
+        return v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in self._p["_required_set"])
 
     @property
     def forward_nodes(self) -> list[Node]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -19,6 +19,7 @@ import numpy as np
 from remat.ir import SolverUnavailableError
 
 Backend = Literal["highs", "cbc"]
+IncumbentCallback = Callable[[float, float | None], None]
 MipStatus = Literal["optimal", "feasible", "infeasible", "timeout", "error"]
 
 
@@ -97,11 +98,17 @@ class SparseModel:
         threads: int | None = None,
         rel_gap: float = 1e-6,
         start: dict[int, float] | None = None,
+        on_incumbent: IncumbentCallback | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> MipSolution:
         """Solve; ``start`` (column -> value, possibly partial) is a MIP start for HiGHS,
-        which completes a partial one itself."""
+        which completes a partial one itself. With HiGHS, ``on_incumbent(objective, bound)``
+        is called for each improving solution (model units, offset included) and ``stop()``
+        is polled while the MIP runs: True interrupts it (the best solution so far is kept)."""
         if backend == "highs":
-            return self._solve_highs(relax, time_limit_s, threads, rel_gap, start)
+            return self._solve_highs(
+                relax, time_limit_s, threads, rel_gap, start, on_incumbent, stop
+            )
         if backend == "cbc":
             return self._solve_cbc(relax, time_limit_s, threads, rel_gap)
         raise ValueError(f"solver: unknown MILP back end {backend!r} (use 'highs' or 'cbc')")
@@ -113,6 +120,8 @@ class SparseModel:
         threads: int | None,
         rel_gap: float,
         start: dict[int, float] | None = None,
+        on_incumbent: IncumbentCallback | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> MipSolution:
         try:
             import highspy
@@ -146,6 +155,25 @@ class SparseModel:
                 for b in self.integer
             ]
         h.passModel(lp)
+        if on_incumbent is not None and not relax:
+
+            def improving(e: object) -> None:
+                try:  # a report must never break the solve
+                    out = e.data_out  # type: ignore[attr-defined]
+                    obj, b = float(out.objective_function_value), float(out.mip_dual_bound)
+                    if math.isfinite(obj):
+                        on_incumbent(obj, b if math.isfinite(b) else None)
+                except Exception:  # pragma: no cover - defensive
+                    pass
+
+            h.cbMipImprovingSolution.subscribe(improving)
+        if stop is not None and not relax:
+
+            def interrupt(e: object) -> None:
+                if stop():
+                    e.data_in.user_interrupt = True  # type: ignore[attr-defined]
+
+            h.cbMipInterrupt.subscribe(interrupt)
         if start and not relax:
             idx = np.fromiter(start.keys(), dtype=np.int32, count=len(start))
             val = np.fromiter(start.values(), dtype=np.float64, count=len(start))

@@ -2,18 +2,23 @@
 
 1. The eager plan: when it fits, nothing beats it (every schedule runs every node at least
    once), so the result is ``optimal``.
-2. Fast heuristics and chain DPs (Chen's greedy, ``checkpoint-all``, ``rotor``, ``lp-round``;
-   ``pofo`` when offloading is allowed), each a fraction of a second to a few seconds.
-3. With the time left: the exact MILP (``milp``) when the graph is small enough for it, else the
-   LP rounding (``lp-round``).
+2. A lower bound valid over the whole recompute-only class at any size
+   (:func:`remat.solver.bounds.best_bound`: the knapsack relaxations at cuts of the step, the
+   exact model's LP on small graphs), on a tenth of the time.
+3. Fast heuristics and chain DPs (Chen's greedy, ``checkpoint-all``, ``rotor``; ``pofo`` when
+   offloading is allowed), each a fraction of a second to a few seconds.
+4. Graphs of up to :data:`MILP_MAX_NODES` nodes: ``hierarchical`` and ``lp-round``, then the
+   exact MILP (``milp``) with the time left, started from the plans found. Larger graphs, where
+   the whole-graph MILP does not fit the time: ``hierarchical`` with the time left (blocks
+   solved exactly, rotor's DP across them).
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
-known: the MILP's dual bound or the LP value (given only by models without ``milp``'s optional
-restrictions, i.e. graphs of up to 12 nodes by default) when it lies below the plan found, and
-never less than the eager time, which bounds every schedule. ``optimal`` therefore means: the
-eager plan fits, or the plan meets a bound proven over Checkmate's whole schedule class.
-Plans that offload (``pofo``) are only tried with ``offload=True``, since they need an executor
-with a copy stream.
+known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
+without ``milp``'s optional restrictions, i.e. graphs of up to 12 nodes by default) when it
+lies below the plan found, and never less than the eager time; ``gap`` is measured against it.
+``optimal`` therefore means: the eager plan fits, or the plan meets a bound proven over the
+whole schedule class. Plans that offload (``pofo``) are only tried with ``offload=True``, since
+they need an executor with a copy stream (and then only the eager bound holds).
 
 References
 ----------
@@ -24,17 +29,22 @@ See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumon
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from pydantic import Field
 
 from remat.ir import Plan
 from remat.ir.result import Progress, SolveResult, best_result, speed_key
 from remat.solver.base import SolverOptions, info, register
+from remat.solver.bounds import best_bound
+from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.problem import Problem
 
-MILP_MAX_NODES = 2000
-"""Above this many nodes ``auto`` runs the LP rounding instead of the MILP."""
+MILP_MAX_NODES = 600
+"""Above this many nodes the whole-graph MILP (and its LP rounding) does not fit a time limit
+of a minute (its model grows as the square of the nodes: 1,259 nodes took 149 s); ``auto``
+gives the time to ``hierarchical`` instead."""
 
 
 class AutoOptions(SolverOptions):
@@ -84,8 +94,22 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
         )
     results: list[SolveResult] = [eager]
 
+    def relay(p: Progress) -> None:
+        # a sub-solver's incumbents reach the caller as auto's progress, named in the phase
+        problem.report(
+            p.model_copy(
+                update={
+                    "solver": "auto",
+                    "phase": f"{p.solver}: {p.phase}",
+                    "elapsed_s": time.perf_counter() - t0,
+                    "time_limit_s": limit,
+                }
+            )
+        )
+
     def run(name: str, time_limit_s: float, **options: object) -> SolveResult:
-        r = info(name).run(problem.with_time_limit(time_limit_s), **options)
+        sub = replace(problem.with_time_limit(time_limit_s), on_progress=relay)
+        r = info(name).run(sub, **options)
         results.append(r)
         best = best_result(results)
         fitting = best is not None and best.fits
@@ -102,20 +126,33 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
         )
         return r
 
+    # the lower bound first, on a small share: it is cheap at any size (the LP only on small
+    # graphs) and valid whatever the methods below find
+    bound = best_bound(
+        graph,
+        problem.budget_bytes,
+        deadline=Deadline(problem.deadline).share(0.1),
+        offload=offload,
+    )
+    exact_fits = graph.num_nodes <= MILP_MAX_NODES
     quick = ["chen-greedy", "checkpoint-all", "rotor"] + (["pofo"] if offload else [])
-    if graph.num_nodes <= MILP_MAX_NODES:
-        quick.append("lp-round")  # fast, and its roundings reach outside the MILP's window
+    if exact_fits:
+        quick += ["hierarchical", "lp-round"]  # lp-round's roundings reach outside the window
     for name in quick:
         if problem.time_left_s() <= 0 and len(results) > 1:
             break
         share = max(0.1, min(problem.time_left_s(), 0.25 * limit))
-        if name == "pofo":
-            # pofo keeps rotor's plan when it is faster: hand it the one rotor made
+        if name in ("pofo", "hierarchical"):
+            # both keep rotor's plan when it is faster: hand them the one rotor made
             run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
         else:
             run(name, share)
-    if graph.num_nodes <= MILP_MAX_NODES and problem.time_left_s() > 0.2:
+    if exact_fits and problem.time_left_s() > 0.2:
         run("milp", max(0.1, problem.time_left_s()), start_plans=_plans(results))
+    elif not exact_fits and problem.time_left_s() > 0.2:
+        # the whole-graph MILP does not fit the time: blocks solved exactly, DP across them
+        rotor_plans = _plans(results, fitting_only=False, only="rotor")
+        run("hierarchical", max(0.1, problem.time_left_s()), start_plans=rotor_plans)
     best = best_result(results)
     assert best is not None
     if not best.fits:
@@ -131,7 +168,7 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
         )
     assert best.plan is not None and best.figures is not None
     best_time = best.figures.total_time_s
-    bounds = [base] + [
+    bounds = [base, min(bound.time_s, best_time)] + [
         r.lower_bound_s
         for r in results
         if r.lower_bound_s is not None and r.lower_bound_s <= best_time * (1 + 1e-9)

@@ -21,9 +21,9 @@ import time
 
 from pydantic import Field
 
-from remat.ir import Graph, Plan, block_cuts, keep_plan
+from remat.ir import Graph, block_cuts, keep_plan
 from remat.ir.cuts import Cut, articulation_cuts
-from remat.ir.result import SolveResult
+from remat.ir.result import SolveResult, best_result
 from remat.solver.base import NoOptions, SolverOptions, register
 from remat.solver.problem import Problem
 
@@ -143,10 +143,11 @@ def solve_chen_greedy(problem: Problem, *, num_thresholds: int = 24) -> SolveRes
     candidates = [by_pos[p] for p in sorted(by_pos)]
     total = sum(v.size_bytes for v in graph.values if v.kind == "activation") or 1
     lo = max(1, min((c.size_bytes for c in candidates), default=1))
-    plans: list[Plan] = [problem.eager_plan]  # an infinite threshold: no checkpoint at all
+    # an infinite threshold: no checkpoint at all (its simulation is the problem's own)
+    judged = [problem.result(problem.eager_plan, solver="chen-greedy", started=t0)]
     seen: set[tuple[int, ...]] = set()
     for k in range(num_thresholds):
-        if problem.expired():
+        if problem.expired():  # each threshold costs a plan and a simulation: judge as we go
             break
         b = lo * (total / lo) ** (k / max(1, num_thresholds - 1))
         chosen = greedy_cuts(graph, int(b), candidates)
@@ -154,5 +155,8 @@ def solve_chen_greedy(problem: Problem, *, num_thresholds: int = 24) -> SolveRes
         if key in seen:
             continue
         seen.add(key)
-        plans.append(keep_plan(graph, _keep_from(chosen)))
-    return problem.best_of(plans, solver="chen-greedy", started=t0)
+        plan = keep_plan(graph, _keep_from(chosen))
+        judged.append(problem.result(plan, solver="chen-greedy", started=t0))
+    best = best_result(judged)
+    assert best is not None
+    return best.model_copy(update={"solve_time_s": time.perf_counter() - t0})

@@ -32,9 +32,11 @@ import numpy as np
 from remat.ir import Plan
 from remat.ir.chain import Chain, ChainOp
 from remat.ir.result import SolveResult, best_result
+from remat.solver.deadline import Deadline
 from remat.solver.problem import Problem
 
 INF = math.inf
+DTYPE = np.float64
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,11 @@ class ChainArrays:
     def num_stages(self) -> int:
         return len(self.f)
 
+    @property
+    def fcum(self) -> np.ndarray:
+        """``fcum[i]``: forward time of stages ``0..i-1``."""
+        return np.concatenate([[0.0], np.cumsum(self.f)])
+
     @classmethod
     def of(cls, chain: Chain, slot_bytes: float) -> ChainArrays:
         st = chain.stages
@@ -88,15 +95,38 @@ class ChainArrays:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
+class StageOption:
+    """A partial save of a stage (``hierarchical``): forward keeping ``keep_slots`` of its
+    activations and, before its backward, running ``rerun_nodes`` again (``extra_time_s``)
+    to make the others."""
+
+    keep_slots: int
+    extra_time_s: float
+    rerun_nodes: tuple[str, ...]
+
+
+OPTION_BASE = -10
+"""``choice`` of a stage option ``k``: ``OPTION_BASE - k``."""
+
+OFFLOAD = -2
+"""POFO's extra option: forward with all activations, offload them while the rest of the chain
+runs, prefetch them for the backward."""
+
+
+@dataclass(frozen=True)
 class RotorTable:
     """The rotor DP: ``cost[s, t, m]`` is the least time to run the backward of stages
-    ``s..t-1`` with ``x_s`` and ``δ_t`` resident and ``m`` slots in all; ``choice`` is -1 for a
-    single stage, 0 for "forward with all activations", ``s'`` for a checkpoint at ``s'``."""
+    ``s..t-1`` with ``x_s`` and ``δ_t`` resident and ``m`` slots in all.
+
+    Only costs are stored; the option that reaches a cost (a single stage, "forward with all
+    activations", a checkpoint at ``s'``, or POFO's offload) is found again when a schedule
+    is read back (:meth:`choice`), for the ``O(L)`` entries that a schedule visits."""
 
     arrays: ChainArrays
     cost: np.ndarray
-    choice: np.ndarray
+    transfer_s: np.ndarray | None = None
+    options: tuple[tuple[StageOption, ...], ...] | None = None
 
     def schedule(self, m: int) -> list[ChainOp]:
         """The chain schedule for the whole chain in ``m`` slots (cost must be finite)."""
@@ -104,6 +134,41 @@ class RotorTable:
         ops: list[ChainOp] = []
         self._rec(0, L, m, ops)
         return ops
+
+    def choice(self, s: int, t: int, m: int) -> int:
+        """The option reaching ``cost[s, t, m]``: -1 for a single stage, 0 for "all",
+        :data:`OFFLOAD`, or the checkpointed stage ``s'`` (ties: all, offload, first s')."""
+        if t == s + 1:
+            return -1
+        A, cost = self.arrays, self.cost
+        a = A.a
+        need = _all_need(A, s, t)
+        best, arg = INF, -1
+        keep = int(a[s] + A.abar[s])
+        if m >= need and m >= keep:
+            best, arg = A.f[s] + cost[s + 1, t, m - keep] + A.b[s], 0
+        for k, o in enumerate(self.options[s] if self.options is not None else ()):
+            kk = int(a[s]) + o.keep_slots
+            if m >= need and m >= kk:
+                v = cost[s + 1, t, m - kk] + (A.f[s] + A.b[s] + o.extra_time_s)
+                if v < best:
+                    best, arg = v, OPTION_BASE - k
+        tr = self.transfer_s
+        if tr is not None and m >= need and m >= int(a[s]):
+            v = A.f[s] + max(cost[s + 1, t, m - int(a[s])], 2 * tr[s]) + A.b[s]
+            if v < best:
+                best, arg = v, OFFLOAD
+        shift = int(a[s])
+        if m >= shift:
+            fcum = A.fcum
+            peaks = _sweep_peaks(A, s, t)
+            for j, sp in enumerate(range(s + 1, t)):
+                if m < peaks[j]:
+                    break
+                v = ((cost[sp, t, m - shift] + fcum[sp]) + cost[s, sp, m]) - fcum[s]
+                if v < best:
+                    best, arg = v, sp
+        return arg
 
     def _rec(self, s: int, t: int, m: int, ops: list[ChainOp]) -> None:
         # An explicit stack keeps deep chains clear of Python's recursion limit.
@@ -120,8 +185,15 @@ class RotorTable:
                     ops.append(ChainOp("forward", s))
                 ops.append(ChainOp("backward", s))
                 continue
-            c = int(self.choice[s, t, m])
-            if c == OFFLOAD:
+            c = self.choice(s, t, m)
+            if c <= OPTION_BASE:
+                assert self.options is not None
+                o = self.options[s][OPTION_BASE - c]
+                ops.append(ChainOp("forward", s))
+                stack.append(ChainOp("backward", s))
+                stack.append(ChainOp("rerun", s, o.rerun_nodes))
+                stack.append((s + 1, t, m - int(A.a[s]) - o.keep_slots))
+            elif c == OFFLOAD:
                 ops.append(ChainOp("forward", s))
                 ops.append(ChainOp("offload", s))
                 stack.append(ChainOp("backward", s))
@@ -132,96 +204,157 @@ class RotorTable:
                 stack.append(ChainOp("backward", s))
                 stack.append((s + 1, t, m - int(A.a[s]) - int(A.abar[s])))
             else:
+                assert c > s, f"no option reaches cost[{s}, {t}, {m}]"
                 ops.extend(ChainOp("forward", k) for k in range(s, c))
                 stack.append((s, c, m))
                 stack.append((c, t, m - int(A.a[s])))
 
 
-OFFLOAD = -2
-"""``choice`` of POFO's extra option: forward with all activations, offload them while the
-rest of the chain runs, prefetch them for the backward."""
+def _all_need(A: ChainArrays, s: int, t: int) -> int:
+    """Slots that "forward s keeping all, then s+1..t-1, then backward s" needs beyond the
+    sub-chain's own (its forward with all activations, and its backward)."""
+    a = A.a
+    fall_need = a[s] + a[t] + A.abar[s] + a[s + 1] + A.fall[s]
+    b_need = a[s] + A.abar[s] + a[s + 1] + a[s] + A.btmp[s]
+    return int(max(fall_need, b_need))
+
+
+def _sweep_peaks(A: ChainArrays, s: int, t: int) -> np.ndarray:
+    """Peak slots of sweeping ``s..s'-1`` forward without saving, for ``s' = s+1..t-1``
+    (non-decreasing in ``s'``)."""
+    a = A.a
+    inner = a[s + 1 : t] + A.ftmp[s : t - 1]
+    inner[1:] += a[s + 1 : t - 1]
+    return np.asarray(a[s] + a[t] + np.maximum.accumulate(inner))
 
 
 def rotor_table(
-    arr: ChainArrays, num_slots: int, transfer_s: np.ndarray | None = None
+    arr: ChainArrays,
+    num_slots: int,
+    transfer_s: np.ndarray | None = None,
+    *,
+    deadline: Deadline | None = None,
+    options: tuple[tuple[StageOption, ...], ...] | None = None,
 ) -> RotorTable:
-    """Fill the rotor DP for ``m = 0..num_slots`` (vectorised over ``m`` and the split point).
+    """Fill the rotor DP for ``m = 0..num_slots``.
+
+    Sub-chains are filled by increasing end ``t`` and decreasing start ``s``, so that for the
+    checkpoint option ``C(s', t, m - a_s) + C(s, s', m)`` (plus the sweep's forward time) every
+    term is known; split points and memory are vectorised, and memory from which keeping every
+    activation of the sub-chain fits is not searched for split points (there "all" is optimal:
+    every other option runs some forward again). Rotor's ``O(L^3 M)`` recurrence with most of
+    its constant removed.
 
     With ``transfer_s`` (seconds to copy each stage's saved values one way), POFO's option is
     added: offload stage ``s``'s activations while stages ``s+1..t-1`` run and prefetch them for
     its backward; the copies overlap the compute, so the option costs
-    ``f_s + max(C(s+1, t), 2 * transfer_s) + b_s`` and holds no activation memory meanwhile."""
+    ``f_s + max(C(s+1, t), 2 * transfer_s) + b_s`` and holds no activation memory meanwhile.
+
+    With ``options`` (per stage, partial saves: ``hierarchical``), each is one more way to run
+    a stage: forward keeping ``keep_slots``, the rest of the chain, rerun, backward; its memory
+    needs are taken as those of keeping everything (a cautious model: the expanded plan is
+    judged by the simulator).
+
+    Raises :class:`~remat.solver.deadline.Expired` when ``deadline`` passes (checked once per
+    sub-chain end ``t``)."""
     L = arr.num_stages
     M = num_slots + 1
-    cost = np.full((L + 1, L + 1, M), INF)
-    choice = np.full((L + 1, L + 1, M), -1, dtype=np.int32)
-    ms = np.arange(M)
-    a, abar, ftmp, fall, btmp = arr.a, arr.abar, arr.ftmp, arr.fall, arr.btmp
-    f, b = arr.f, arr.b
-    delta = a  # gradient of a cut: as large as the cut
-    fcum = np.concatenate([[0.0], np.cumsum(f)])
+    if deadline is not None:
+        deadline.check("the rotor DP")
+    # only entries t > s are ever read; each is written whole below
+    cost = np.empty((L + 1, L + 1, M), dtype=DTYPE)
+    # need_all[s][t]: from this many slots on, "keep everything" is feasible (and optimal)
+    need_all = [[0] * (L + 1) for _ in range(L + 1)]
+    a = [int(x) for x in arr.a]
+    abar = [int(x) for x in arr.abar]
+    fall = [int(x) for x in arr.fall]
+    btmp = [int(x) for x in arr.btmp]
+    f = [float(x) for x in arr.f]
+    b = [float(x) for x in arr.b]
+    fcum = [float(x) for x in arr.fcum]
+    tr = None if transfer_s is None else [2 * float(x) for x in transfer_s]
+    # sweep peaks: pm[s][j] = max over i = s..s+j of (a[i+1] + ftmp[i] + a[i] if i > s)
+    pm: list[np.ndarray] = []
+    for s in range(L):
+        inner = arr.a[s + 1 : L] + arr.ftmp[s : L - 1]
+        inner[1:] += arr.a[s + 1 : L - 1]
+        pm.append(np.maximum.accumulate(inner))
     for s in range(L):
         t = s + 1
-        b_need = a[s] + abar[s] + delta[t] + delta[s] + btmp[s]
+        b_need = a[s] + abar[s] + a[t] + a[s] + btmp[s]
         if arr.must_refresh(s):
-            need = max(a[s] + delta[t] + abar[s] + a[t] + fall[s], b_need)
-            cost[s, t, ms >= need] = f[s] + b[s]
+            need, val = max(a[s] + a[t] + abar[s] + a[t] + fall[s], b_need), f[s] + b[s]
         else:
-            cost[s, t, ms >= b_need] = b[s]
-    for d in range(2, L + 1):
-        for s in range(0, L - d + 1):
-            t = s + d
-            best = np.full(M, INF)
-            arg = np.full(M, -1, dtype=np.int32)
-            # option "all": forward s keeping its activations, then s+1..t, then backward s
-            keep = int(a[s] + abar[s])
-            fall_need = a[s] + delta[t] + abar[s] + a[s + 1] + fall[s]
-            b_need = a[s] + abar[s] + delta[s + 1] + delta[s] + btmp[s]
-            if keep < M:
-                sub = np.full(M, INF)
-                sub[keep:] = cost[s + 1, t, : M - keep]
-                opt = f[s] + sub + b[s]
-                opt[ms < max(fall_need, b_need)] = INF
-                best = opt
-                arg[np.isfinite(opt)] = 0
-            if transfer_s is not None and int(a[s]) < M:
-                sh = int(a[s])
-                sub = np.full(M, INF)
-                sub[sh:] = cost[s + 1, t, : M - sh]
-                opt = f[s] + np.maximum(sub, 2 * transfer_s[s]) + b[s]
-                opt[ms < max(fall_need, b_need)] = INF
-                better = opt < best
-                best = np.where(better, opt, best)
-                arg = np.where(better, OFFLOAD, arg)
-            # option "checkpoint at s'": sweep s..s'-1 without saving, keep x_{s'}
-            sp = np.arange(s + 1, t)
-            sweep_peak = (
-                a[s]
-                + delta[t]
-                + np.maximum.accumulate(
-                    a[s + 1 : t]
-                    + ftmp[s : t - 1]
-                    + np.where(np.arange(s, t - 1) > s, a[s : t - 1], 0)
-                )
-            )
-            shift = min(int(a[s]), M)
-            # tot[j, m] = sweep cost + C(s'_j, t, m - a_s) + C(s, s'_j, m), built in place
-            tot = np.empty((len(sp), M))
-            tot[:, :shift] = INF
-            np.add(cost[s + 1 : t, t, : M - shift], cost[s, s + 1 : t, shift:], out=tot[:, shift:])
-            tot += (fcum[sp] - fcum[s])[:, None]
-            np.putmask(tot, ms[None, :] < sweep_peak[:, None], INF)
-            k = np.argmin(tot, axis=0)
-            kv = np.take_along_axis(tot, k[None, :], axis=0)[0]
-            better = kv < best
-            best = np.where(better, kv, best)
-            arg = np.where(better, sp[k], arg)
-            cost[s, t] = best
-            choice[s, t] = arg
-    return RotorTable(arr, cost, choice)
+            need, val = b_need, b[s]
+        cost[s, t, : min(need, M)] = INF
+        cost[s, t, min(need, M) :] = val
+        need_all[s][t] = need
+    # D[s'] = cost[s', t] + fcum[s'] for the current t; buf holds the split-point table
+    D = np.empty((L + 1, M), dtype=DTYPE)
+    buf = np.empty((max(L, 1), M), dtype=DTYPE)
+    cols = np.arange(M)
+    for t in range(2, L + 1):
+        if deadline is not None:
+            deadline.check("the rotor DP")
+        np.add(cost[t - 1, t], fcum[t - 1], out=D[t - 1])
+        at = a[t]
+        for s in range(t - 2, -1, -1):
+            best = cost[s, t]  # a view: filled in place
+            keep = a[s] + abar[s]
+            need = max(a[s] + at + abar[s] + a[s + 1] + fall[s], keep + a[s + 1] + a[s] + btmp[s])
+            # option "all": forward s keeping its activations, then s+1..t-1, then backward s
+            lo = min(max(need, keep), M)
+            best[:lo] = INF
+            if lo < M:
+                np.add(cost[s + 1, t, lo - keep : M - keep], f[s] + b[s], out=best[lo:])
+            for o in options[s] if options is not None else ():
+                kk = a[s] + o.keep_slots
+                lo = min(max(need, kk), M)
+                if lo < M:
+                    alt = cost[s + 1, t, lo - kk : M - kk] + (f[s] + b[s] + o.extra_time_s)
+                    np.minimum(best[lo:], alt, out=best[lo:])
+            na = max(need, keep + need_all[s + 1][t])
+            need_all[s][t] = na
+            sh = a[s]
+            lo = max(need, sh)
+            if tr is not None and lo < M:
+                off = np.maximum(cost[s + 1, t, lo - sh : M - sh], tr[s])
+                off += f[s] + b[s]
+                np.minimum(best[lo:], off, out=best[lo:])
+            # option "checkpoint at s'": sweep s..s'-1 without saving, keep x_{s'}; only
+            # below na, where "all" may not be optimal
+            W = min(M, na)
+            if sh < W:
+                rows = t - 1 - s
+                tot = buf[:rows, :W]
+                tot[:, :sh] = INF
+                np.add(D[s + 1 : t, : W - sh], cost[s, s + 1 : t, sh:W], out=tot[:, sh:])
+                # a split point is usable at m only when its sweep fits in m; the peaks are
+                # small next to W, so only the first columns need masking
+                base = a[s] + at
+                top = min(int(pm[s][rows - 1]) + base, W)
+                if top > sh:
+                    peaks = pm[s][:rows] + base
+                    np.putmask(tot[:, :top], cols[None, :top] < peaks[:, None], INF)
+                ck = tot.min(axis=0)
+                ck -= fcum[s]
+                np.minimum(best[:W], ck, out=best[:W])
+            np.add(best, fcum[s], out=D[s])
+    return RotorTable(arr, cost, transfer_s, options)
 
 
 # -- shared harness for the chain solvers ------------------------------------------------------
+
+
+WORK_LIMIT = 1e9
+"""Cells of split-point tables (``L^3 / 6 * M``) the rotor DP is allowed by default: a few
+seconds on one loaded core. Longer chains are merged down to :func:`stage_cap` stages."""
+
+
+def stage_cap(num_slots: int, work: float = WORK_LIMIT) -> int:
+    """The most stages a chain may have for the rotor DP over ``num_slots`` slots to stay
+    within ``work`` table cells (counted work, not time)."""
+    return max(2, int((6 * work / (num_slots + 1)) ** (1 / 3)))
 
 
 def fit_chain_plan(
@@ -231,16 +364,19 @@ def fit_chain_plan(
     *,
     solver: str,
     started: float,
+    deadline: Deadline | None = None,
     host_bandwidth_bytes_per_s: float | None = None,
     extra_plans: list[Plan] | None = None,
 ) -> SolveResult:
     """Lower the chain budget ``m`` from ``top`` until the expanded plan fits the budget.
 
     ``plan_for(m)`` returns the plan the chain method makes for ``m`` units of memory (None when
-    it has none). Returns the fastest fitting plan among those tried (and ``extra_plans``), or an
-    ``infeasible`` result with the smallest peak found.
+    it has none). Returns the fastest fitting plan among those tried (and ``extra_plans``, and
+    the eager plan), or an ``infeasible`` result with the smallest peak found. After the first
+    plan, no further one is tried once ``deadline`` (default: the problem's) has passed.
     """
     budget_bytes = problem.budget_bytes
+    dl = deadline if deadline is not None else Deadline(problem.deadline)
     tried: list[SolveResult] = []
     m = top
     last_m = None
@@ -254,7 +390,7 @@ def fit_chain_plan(
         )
 
     while m >= 0:
-        if problem.expired() and tried:
+        if tried and dl.expired():
             break
         plan = plan_for(m)
         if plan is None:
@@ -271,7 +407,8 @@ def fit_chain_plan(
         if last_m == m:  # pragma: no cover - step >= 1
             break
     tried.extend(judge(p) for p in extra_plans or [])
-    # The eager plan, when it fits, beats every chain schedule (the chain model is cautious).
+    # The eager plan, when it fits, beats every chain schedule (the chain model is cautious);
+    # its simulation is the problem's own, not run again.
     tried.append(judge(problem.eager_plan))
     best = best_result(tried)
     assert best is not None

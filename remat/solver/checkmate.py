@@ -25,7 +25,6 @@ P. Jain, A. Jain, A. Nrusimha, A. Gholami, P. Abbeel, K. Keutzer, I. Stoica, J. 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from remat.ir import Graph, Plan, Step
 from remat.solver._mip import SparseModel
+from remat.solver.deadline import Deadline
 from remat.solver.milp_index import MilpIndex
 from remat.solver.problem import room_bytes
 
@@ -47,10 +47,6 @@ SMALL_GRAPH_NODES = 12
 
 def is_var(r: Ref) -> bool:
     return r[0] >= 0
-
-
-class Expired(Exception):
-    """Building or reading the model ran past its deadline."""
 
 
 @dataclass(frozen=True)
@@ -186,10 +182,17 @@ class CheckmateModel:
         lazy: bool | None = None,
         window: int | None = None,
         index: MilpIndex | None = None,
+        deadline: Deadline | None = None,
     ) -> CheckmateModel:
         """The model of ``graph`` under ``budget_bytes``; restrictions default to on for graphs
         over :data:`SMALL_GRAPH_NODES` nodes. ``index`` (derived when not given) must match
-        ``recompute_backward``."""
+        ``recompute_backward``. Raises :class:`~remat.solver.deadline.Expired` when
+        ``deadline`` passes while the model is built (checked per stage)."""
+
+        def tick() -> None:
+            if deadline is not None:
+                deadline.check("building the MILP")
+
         n = graph.num_nodes
         small = n <= SMALL_GRAPH_NODES
         rb = small if recompute_backward is None else recompute_backward
@@ -207,17 +210,20 @@ class CheckmateModel:
         time_unit_s = base / 1e3 if base > 0 else 1.0
         byte_unit = max(1.0, (budget_bytes - graph.static_bytes) / 1e6)
         d = _Draft()
-        _recompute_columns(d, index, opts, time_unit_s)
+        _recompute_columns(d, index, opts, time_unit_s, tick)
         d.m.offset = base / time_unit_s
         _keep_columns(d, index)
+        tick()
         _dependency_rows(d, index)
         _purpose_rows(d, index, opts)
+        tick()
         _keep_rows(d, index)
         _residency_rows(d, index)
         _allocation_columns(d, index)
+        tick()
         dyn_budget = room_bytes(graph, budget_bytes) / byte_unit
         dyn_budget -= margin * abs(dyn_budget)
-        _memory_rows(d, index, byte_unit, dyn_budget)
+        _memory_rows(d, index, byte_unit, dyn_budget, tick)
         _allocation_rows(d, index)
         by_stage: list[list[tuple[str, Ref]]] = [[] for _ in range(n + 1)]
         for (t, v), ref in d.S.items():
@@ -238,16 +244,15 @@ class CheckmateModel:
         self,
         plan: Plan,
         *,
-        deadline: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        deadline: Deadline | None = None,
     ) -> dict[int, float] | None:
         """A MIP start (values of ``R`` and ``S``) from a plan of the model's class, or None
         when the plan is outside it (offloads, a recomputation the model does not allow, or
         keep decisions that the merged ``S`` variables cannot express).
 
         Linear in the plan's steps and the model's ``S`` entries (each stage's entries are
-        read once, when the frontier reaches it). Raises :class:`Expired` when ``clock()``
-        passes ``deadline`` (checked every 1024 steps)."""
+        read once, when the frontier reaches it). Raises :class:`Expired` when ``deadline``
+        passes (checked every 1024 steps)."""
         g = self.graph
         n = g.num_nodes
         R, by_stage = self.vars.R, self.vars.by_stage
@@ -268,8 +273,8 @@ class CheckmateModel:
             return True
 
         for i, step in enumerate(plan.steps):
-            if deadline is not None and i % 1024 == 0 and clock() > deadline:
-                raise Expired("start_from_plan ran past its deadline")
+            if deadline is not None and i % 1024 == 0:
+                deadline.check("the MIP start from a plan")
             if step.op in ("offload", "prefetch"):
                 return None
             if step.op == "free":
@@ -356,10 +361,14 @@ def _stage_allows(ix: MilpIndex, opts: ModelOptions, t: int, k: int) -> bool:
     return any(ix.need_end[w] >= t for w in ix.outs[k])
 
 
-def _recompute_columns(d: _Draft, ix: MilpIndex, opts: ModelOptions, time_unit_s: float) -> None:
+def _recompute_columns(
+    d: _Draft, ix: MilpIndex, opts: ModelOptions, time_unit_s: float, tick: Callable[[], None]
+) -> None:
     """``R[t, k]`` for every recomputation the options allow; ``events`` per stage."""
     nodes = ix.graph.nodes
     for t in range(ix.num_nodes):
+        if t % 64 == 0:
+            tick()
         ev = [k for k in range(t) if _stage_allows(ix, opts, t, k)]
         for k in ev:
             d.R[(t, k)] = d.m.add_col(
@@ -496,12 +505,16 @@ def _allocation_rows(d: _Draft, ix: MilpIndex) -> None:
             m.add_row(terms, lo, math.inf)
 
 
-def _memory_rows(d: _Draft, ix: MilpIndex, bu: float, dyn_budget: float) -> None:
+def _memory_rows(
+    d: _Draft, ix: MilpIndex, bu: float, dyn_budget: float, tick: Callable[[], None]
+) -> None:
     """(5) ``U[t, k]``, the dynamic bytes while node ``k`` of stage ``t`` runs (the paper's
     recurrence), plus its workspace, within the room."""
     m = d.m
     nodes = ix.graph.nodes
     for t in range(ix.num_nodes):
+        if t % 16 == 0:
+            tick()
         ev = d.events[t]
         in_stage = set(ev)
         prev_u: int | None = None

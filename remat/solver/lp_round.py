@@ -27,6 +27,7 @@ from remat.ir.chain import plan_from_steps
 from remat.ir.result import SolveResult, best_result
 from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import CheckmateModel, is_var
+from remat.solver.deadline import Deadline, Expired, judging_s
 from remat.solver.milp import (
     DEFAULT_TIME_LIMIT_S,
     Window,
@@ -149,13 +150,18 @@ def solve_lp_round(
     thresholds = (0.5, 0.1, 0.25, 0.75, 0.9, 0.99)
     judged: list[SolveResult] = []
     bound: float | None = None
+    deadline = Deadline.after(limit)
+    # keep time to judge the roundings: one plan's build and simulation each
+    lp_deadline = deadline.share(0.7, reserve_s=judging_s(graph.num_nodes))
     for shrink in (1.0, 0.9, 0.75, 0.6, 0.45):
-        left = limit - (time.perf_counter() - t0)
-        if left <= 0.05 and judged:
+        if judged and lp_deadline.expired():
             break
         # Checkmate's budget search: less room for the LP when no rounding fits
         b = budget_bytes - int(problem.room_bytes * (1 - shrink))
-        run = run_checkmate(graph, b, time_limit_s=max(0.1, left), relax=True, window=window)
+        try:
+            run = run_checkmate(graph, b, deadline=lp_deadline, relax=True, window=window)
+        except Expired:
+            break
         sol = run.solution
         if sol is None or sol.values is None:
             break
@@ -164,6 +170,8 @@ def solve_lp_round(
         for keep in _keep_sets(
             run.model, sol.values, thresholds=thresholds, samples=samples, seed=seed
         ):
+            if judged and deadline.expired():
+                break
             plan = schedule_from_keep(run.model.index, keep)
             judged.append(problem.result(plan, solver="lp-round", started=t0))
         if any(r.fits for r in judged):

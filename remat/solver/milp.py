@@ -52,18 +52,20 @@ P. Jain, A. Jain, A. Nrusimha, A. Gholami, P. Abbeel, K. Keutzer, I. Stoica, J. 
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from remat.ir import Graph, InvalidPlanError, Plan, keep_plan
-from remat.ir.result import SolveResult, speed_key
+from remat.ir.result import Progress, SolveResult, speed_key
 from remat.solver._mip import Backend, MipSolution
 from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import SMALL_GRAPH_NODES, CheckmateModel
+from remat.solver.deadline import Deadline, Expired, judging_s
 from remat.solver.milp_index import MilpIndex
 from remat.solver.problem import Problem
 
@@ -104,6 +106,20 @@ Window = Annotated[int, Field(ge=0, le=MAX_WINDOW_BLOCKS)] | Literal["auto", "al
 """A validated :data:`WindowSpec` (an option of ``milp`` and ``lp-round``)."""
 
 
+def run_is_exact(
+    graph: Graph,
+    recompute_backward: bool | None,
+    recompute_in_forward: bool | None,
+    window: WindowSpec,
+) -> bool:
+    """Whether the model these options build carries none of the optional restrictions (its
+    optimum and bound then hold over the whole class), as :attr:`CheckmateModel.exact`."""
+    small = graph.num_nodes <= SMALL_GRAPH_NODES
+    rb = small if recompute_backward is None else recompute_backward
+    rf = small if recompute_in_forward is None else recompute_in_forward
+    return rb and rf and small and window_ladder(graph, window) == [None]
+
+
 def window_ladder(graph: Graph, window: WindowSpec) -> list[int | None]:
     """The recompute windows to try in turn: a fixed one, or (``"auto"``) 0, 2 and 8 blocks
     and then any block for graphs over 12 nodes, widening only when a window is infeasible."""
@@ -120,7 +136,8 @@ def run_checkmate(
     graph: Graph,
     budget_bytes: int,
     *,
-    time_limit_s: float,
+    time_limit_s: float | None = None,
+    deadline: Deadline | None = None,
     backend: Backend = "highs",
     relax: bool = False,
     recompute_backward: bool | None = None,
@@ -128,44 +145,69 @@ def run_checkmate(
     window: WindowSpec = "auto",
     threads: int | None = None,
     hints: list[Plan] | None = None,
+    on_incumbent: Callable[[float, float | None], None] | None = None,
 ) -> CheckmateRun:
     """Build and solve the model (``hints``: plans to start the MIP from, the first one in the
     model's class is used); ``solution`` is None when the budget is below the peak that
     any plan needs. A window that proves infeasible is widened (see :func:`window_ladder`). A
     MILP plan that overshoots the budget by solver tolerance (a few bytes) is solved again with
-    a relative margin of 10^-6."""
-    t0 = time.perf_counter()
+    a relative margin of 10^-6.
+
+    Everything runs against ``deadline`` (default: ``time_limit_s`` from now): building the
+    model and the MIP start check it, HiGHS gets the time left and polls it. When it passes
+    before any model is solved, :class:`~remat.solver.deadline.Expired` is raised.
+    ``on_incumbent(time_s, bound_s)`` hears of each improving MILP solution (seconds)."""
+    dl = deadline if deadline is not None else Deadline.after(time_limit_s)
     run: CheckmateRun | None = None
     ladder = window_ladder(graph, window)
     rb = graph.num_nodes <= SMALL_GRAPH_NODES if recompute_backward is None else recompute_backward
     index = MilpIndex.of(graph, recompute_backward=rb)
     for w in ladder:
         for margin in (0.0, 1e-6):
-            left = time_limit_s - (time.perf_counter() - t0)
-            if run is not None and left < 0.1:
+            if run is not None and dl.left_s() < 0.1:
                 return run
-            cm = CheckmateModel.build(
-                graph,
-                budget_bytes,
-                recompute_backward=rb,
-                recompute_in_forward=recompute_in_forward,
-                margin=margin,
-                window=w,
-                index=index,
-            )
+            try:
+                cm = CheckmateModel.build(
+                    graph,
+                    budget_bytes,
+                    recompute_backward=rb,
+                    recompute_in_forward=recompute_in_forward,
+                    margin=margin,
+                    window=w,
+                    index=index,
+                    deadline=dl,
+                )
+            except Expired:
+                if run is None:
+                    raise
+                return run
             if budget_bytes < cm.lower_bound_peak():
                 return CheckmateRun(cm, None)
             start = None
-            for h in hints or []:
-                start = cm.start_from_plan(h)
-                if start is not None:
-                    break
+            try:
+                for h in hints or []:
+                    start = cm.start_from_plan(h, deadline=dl)
+                    if start is not None:
+                        break
+            except Expired:
+                start = None  # no time to translate a start: HiGHS finds its own
+            unit = cm.time_unit_s
+            report = None
+            if on_incumbent is not None:
+
+                def report(obj: float, bound: float | None, unit: float = unit) -> None:
+                    assert on_incumbent is not None
+                    on_incumbent(obj * unit, None if bound is None else bound * unit)
+
+            left = dl.left_s()
             sol = cm.model.solve(
                 backend=backend,
                 relax=relax,
-                time_limit_s=max(0.1, left),
+                time_limit_s=None if math.isinf(left) else max(0.1, left),
                 threads=threads,
                 start=start,
+                on_incumbent=report,
+                stop=None if dl.at is None else dl.expired,
             )
             bound = None if sol.bound is None else sol.bound * cm.time_unit_s
             run = CheckmateRun(cm, sol, None, bound)
@@ -260,7 +302,11 @@ def solve_milp(
     """
     t0 = time.perf_counter()
     graph, budget_bytes = problem.graph, problem.budget_bytes
-    limit = problem.time_left_or(DEFAULT_TIME_LIMIT_S)
+    deadline = (
+        Deadline(problem.deadline)
+        if problem.deadline is not None
+        else Deadline.after(DEFAULT_TIME_LIMIT_S)
+    )
     if graph.num_nodes == 0:
         return problem.result(
             Plan(),
@@ -273,17 +319,55 @@ def solve_milp(
     hints: list[Plan] = []
     if graph.num_nodes > SMALL_GRAPH_NODES:
         hints = list(start_plans or []) + ([fb.plan] if fb.fits and fb.plan is not None else [])
-    run = run_checkmate(
-        graph,
-        budget_bytes,
-        time_limit_s=max(0.1, limit - (time.perf_counter() - t0)),
-        backend=backend,
-        recompute_backward=recompute_backward,
-        recompute_in_forward=recompute_in_forward,
-        window=window,
-        threads=threads,
-        hints=hints,
-    )
+    base = problem.baseline_time_s
+    exact_class = run_is_exact(graph, recompute_backward, recompute_in_forward, window)
+
+    def incumbent(time_s: float, bound_s: float | None) -> None:
+        if problem.on_progress is None:
+            return
+        lb = bound_s if exact_class else None
+        problem.report(
+            Progress(
+                solver="milp",
+                phase="search",
+                elapsed_s=time.perf_counter() - t0,
+                time_limit_s=problem.time_limit_s,
+                incumbent_overhead=time_s / base - 1 if base > 0 else 0.0,
+                lower_bound_s=lb,
+                gap=max(0.0, time_s / lb - 1) if lb and lb > 0 else None,
+                message="MILP incumbent",
+            )
+        )
+
+    try:
+        run = run_checkmate(
+            graph,
+            budget_bytes,
+            # what is left after reading the solution back and judging it
+            deadline=deadline.share(1.0, reserve_s=judging_s(graph.num_nodes)),
+            backend=backend,
+            recompute_backward=recompute_backward,
+            recompute_in_forward=recompute_in_forward,
+            window=window,
+            threads=threads,
+            hints=hints,
+            on_incumbent=incumbent,
+        )
+    except Expired:
+        if fb.fits:
+            return fb.model_copy(
+                update={
+                    "message": "no time to build the MILP; fallback plan",
+                    "solve_time_s": time.perf_counter() - t0,
+                }
+            )
+        return problem.no_plan(
+            solver="milp",
+            started=t0,
+            min_budget_bytes=fb.min_budget_bytes,
+            status="timeout",
+            message="the MILP could not be built within the time limit",
+        )
     sol = run.solution
     if sol is None or sol.status == "infeasible":
         if fb.fits:

@@ -31,15 +31,10 @@ from remat.ir import Plan
 from remat.ir.chain import ChainOp, CutKind, chain_view, expand
 from remat.ir.result import SolveResult
 from remat.solver.base import register
-from remat.solver.chain_dp import (
-    ChainArrays,
-    fit_chain_plan,
-    min_chain_slots,
-    rotor_table,
-    trivial_result,
-)
+from remat.solver.chain_dp import fit_chain_plan, min_chain_slots, stage_cap, trivial_result
+from remat.solver.deadline import Deadline, judging_s
 from remat.solver.problem import Problem
-from remat.solver.rotor import RotorOptions, solve_rotor
+from remat.solver.rotor import RotorOptions, rotor_within, table_within
 
 
 def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
@@ -114,14 +109,39 @@ def solve_pofo(
     triv = trivial_result(problem, "pofo", t0)
     if triv is not None:
         return triv
+    deadline = Deadline(problem.deadline)
+    keep_s = judging_s(problem.graph.num_nodes)
     if start_plans is None:
-        rotor = solve_rotor(problem, mem_slots=mem_slots, cuts=cuts, max_stages=max_stages)
+        rotor = rotor_within(
+            problem,
+            deadline.share(0.5, reserve_s=keep_s),
+            mem_slots=mem_slots,
+            cuts=cuts,
+            max_stages=max_stages,
+        )
         start_plans = [rotor.plan] if rotor.plan is not None else []
-    ch = chain_view(graph, cuts=cuts, max_stages=max_stages)
+    extra = list(start_plans)
+    cap = stage_cap(mem_slots) if max_stages is None else max_stages
     room = problem.room_bytes
     slot = max(room, problem.eager.peak_dynamic_bytes, 1) / mem_slots
-    transfer = np.array([s.all_bytes / bw for s in ch.stages], dtype=np.float64)
-    table = rotor_table(ChainArrays.of(ch, slot), mem_slots, transfer_s=transfer)
+    got = table_within(
+        chain_view(graph, cuts=cuts, max_stages=cap),
+        slot,
+        mem_slots,
+        deadline.share(1.0, reserve_s=keep_s),
+        transfer_of=lambda c: np.array([s.all_bytes / bw for s in c.stages], dtype=np.float64),
+    )
+    if got is None:  # no time for the offloading DP: the start plans are POFO plans too
+        if extra:
+            return problem.best_of(extra, solver="pofo", started=t0, host_bandwidth_bytes_per_s=bw)
+        return problem.no_plan(
+            solver="pofo",
+            started=t0,
+            min_budget_bytes=None,
+            status="timeout",
+            message="the offloading DP did not finish within the time limit",
+        )
+    ch, table = got
     root = table.cost[0, ch.num_stages]
 
     def plan_for(m: int) -> Plan | None:
@@ -133,7 +153,6 @@ def solve_pofo(
     if top >= 0 and not math.isfinite(root[top]):
         low = min_chain_slots(root)
         top = -1 if low is None else low
-    extra = list(start_plans)
     if top < 0:
         if extra:
             return problem.best_of(extra, solver="pofo", started=t0, host_bandwidth_bytes_per_s=bw)
@@ -149,6 +168,7 @@ def solve_pofo(
         top,
         solver="pofo",
         started=t0,
+        deadline=deadline,
         host_bandwidth_bytes_per_s=bw,
         extra_plans=extra,
     )

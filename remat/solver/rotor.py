@@ -7,6 +7,11 @@ is an estimate of the op-level memory (stages are summarised by a few byte count
 expanded plan is checked and, when it overshoots the budget, the memory planned for is lowered
 until it fits (:func:`remat.solver.chain_dp.fit_chain_plan`).
 
+The time limit holds: chains longer than :func:`~remat.solver.chain_dp.stage_cap` (counted
+work) are merged, the DP only fills the memory up to the budget, checks the deadline per
+sub-chain end and, when its share runs out, is filled again on a chain with half the stages;
+time is kept for expanding and simulating the plan.
+
 References
 ----------
 J. Herrmann, O. Beaumont, L. Eyraud-Dubois, J. Hermann, A. Joly, A. Shilova. "Optimal
@@ -18,7 +23,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import cast
 
+import numpy as np
 from pydantic import Field
 
 from remat.ir import InvalidPlanError, Plan
@@ -27,11 +35,15 @@ from remat.ir.result import SolveResult, best_result
 from remat.solver.base import SolverOptions, register
 from remat.solver.chain_dp import (
     ChainArrays,
+    RotorTable,
+    StageOption,
     fit_chain_plan,
     min_chain_slots,
     rotor_table,
+    stage_cap,
     trivial_result,
 )
+from remat.solver.deadline import Deadline, Expired, judging_s
 from remat.solver.problem import Problem
 
 MAX_MEM_SLOTS = 4000
@@ -70,7 +82,7 @@ def solve_rotor(
     """Rotor's dynamic program for persistent checkpointing on the graph's chain view.
 
     Memory is discretised into ``mem_slots`` slots of the larger of the budget and the eager
-    peak; the DP is O(L^3 * mem_slots) and vectorised over memory and split points.
+    peak; the DP is O(L^3 * mem_slots), vectorised over memory and split points.
 
     Parameters
     ----------
@@ -79,7 +91,8 @@ def solve_rotor(
     cuts
         Which cuts make the chain (see :func:`remat.ir.chain.chain_view`).
     max_stages
-        Merge stages down to this many (the DP is cubic in the number of stages).
+        Merge stages down to this many (default: as many as the DP fills in a few seconds,
+        :func:`remat.solver.chain_dp.stage_cap`).
 
     References
     ----------
@@ -87,31 +100,108 @@ def solve_rotor(
     checkpointing for heterogeneous chains: how to train deep neural networks with limited
     memory", arXiv:1911.13214, 2019.
     """
+    return rotor_within(
+        problem,
+        Deadline(problem.deadline),
+        mem_slots=mem_slots,
+        cuts=cuts,
+        max_stages=max_stages,
+    )
+
+
+def rotor_within(
+    problem: Problem,
+    deadline: Deadline,
+    *,
+    mem_slots: int = 500,
+    cuts: CutKind = "auto",
+    max_stages: int | None = None,
+    solver: str = "rotor",
+) -> SolveResult:
+    """``rotor`` against an explicit :class:`Deadline` (whose clock tests may replace); the
+    result is labelled ``solver``."""
     t0 = time.perf_counter()
-    triv = trivial_result(problem, "rotor", t0)
+    triv = trivial_result(problem, solver, t0)
     if triv is not None:
         return triv
     graph = problem.graph
-    views = [chain_view(graph, cuts=cuts, max_stages=max_stages)]
+    keep_s = judging_s(problem.graph.num_nodes)
+    cap = stage_cap(mem_slots) if max_stages is None else max_stages
+    views = [chain_view(graph, cuts=cuts, max_stages=cap)]
     if cuts == "auto":
         # both views: the DP's cautious memory model can favour either on a given graph
         other: CutKind = "blocks" if views[0].cut_kind == "articulation" else "articulation"
-        alt = chain_view(graph, cuts=other, max_stages=max_stages)
+        alt = chain_view(graph, cuts=other, max_stages=cap)
         if alt.num_stages > 1:
             views.append(alt)
-    best = best_result(_rotor_on(problem, ch, mem_slots, t0) for ch in views)
-    assert best is not None
+    results: list[SolveResult] = []
+    for i, ch in enumerate(views):
+        if results and deadline.left_s() < keep_s:
+            break
+        share = deadline.share(1.0 if i == len(views) - 1 else 0.6, reserve_s=keep_s)
+        r = _rotor_on(problem, ch, mem_slots, t0, share, deadline, solver)
+        if r is not None:
+            results.append(r)
+    best = best_result(results)
+    if best is None:
+        return problem.no_plan(
+            solver=solver,
+            started=t0,
+            min_budget_bytes=None,
+            status="timeout",
+            message="the rotor DP found no schedule within the time limit",
+        )
     return best
 
 
-def _rotor_on(problem: Problem, ch: Chain, mem_slots: int, t0: float) -> SolveResult:
+def table_within(
+    ch: Chain,
+    slot_bytes: float,
+    num_slots: int,
+    deadline: Deadline,
+    transfer_of: Callable[[Chain], np.ndarray] | None = None,
+    options_of: Callable[[Chain], tuple[tuple[StageOption, ...], ...] | None] | None = None,
+) -> tuple[Chain, RotorTable] | None:
+    """The rotor table of ``ch`` or, when its share of the deadline passes while it is
+    filled, of the same graph's chain with half the stages (a DP an eighth as long), again and
+    again; None once a two-stage chain fails. Each attempt but the last possible one gets half
+    the time left, so that a coarser one can still finish. ``transfer_of`` gives POFO's
+    per-stage copy times for a chain, ``options_of`` the partial saves of its stages."""
+    while True:
+        arr = ChainArrays.of(ch, slot_bytes)
+        tr = None if transfer_of is None else transfer_of(ch)
+        attempt = deadline if ch.num_stages <= 2 else deadline.share(0.5)
+        try:
+            opts = None if options_of is None else options_of(ch)
+            return ch, rotor_table(arr, num_slots, tr, deadline=attempt, options=opts)
+        except Expired:
+            if ch.num_stages <= 2 or deadline.expired():
+                return None
+            kind = cast(CutKind, ch.cut_kind)
+            ch = chain_view(ch.graph, cuts=kind, max_stages=max(2, ch.num_stages // 2))
+
+
+def _rotor_on(
+    problem: Problem,
+    ch: Chain,
+    mem_slots: int,
+    t0: float,
+    dp_deadline: Deadline,
+    deadline: Deadline,
+    solver: str,
+) -> SolveResult | None:
     room = problem.room_bytes
     scale = max(room, problem.eager.peak_dynamic_bytes, 1)
     slot = scale / mem_slots
-    table = rotor_table(ChainArrays.of(ch, slot), mem_slots)
-    L = ch.num_stages
-    root = table.cost[0, L]
     top = min(mem_slots, int(room // slot)) if room > 0 else -1
+    # the DP only needs m <= top; the whole range only when top has no schedule
+    got = table_within(ch, slot, max(top, 0), dp_deadline)
+    if got is not None and not math.isfinite(got[1].cost[0, got[0].num_stages][max(top, 0)]):
+        got = table_within(ch, slot, mem_slots, dp_deadline)
+    if got is None:
+        return None
+    ch, table = got
+    root = table.cost[0, ch.num_stages]
 
     def plan_for(m: int) -> Plan | None:
         if m < 0 or not math.isfinite(root[m]):
@@ -122,22 +212,22 @@ def _rotor_on(problem: Problem, ch: Chain, mem_slots: int, t0: float) -> SolveRe
         low = min_chain_slots(root)
         if low is None:
             return problem.no_plan(
-                solver="rotor",
+                solver=solver,
                 started=t0,
                 min_budget_bytes=None,
                 message="the chain has no schedule at any memory",
             )
         plan = plan_for(low)
         assert plan is not None
-        r = problem.result(plan, solver="rotor", started=t0)
+        r = problem.result(plan, solver=solver, started=t0)
         if r.fits:  # the chain model was pessimistic: it fits after all
             return r
         return r.model_copy(update={"message": "budget below the chain's smallest schedule"})
     try:
-        return fit_chain_plan(problem, plan_for, top, solver="rotor", started=t0)
+        return fit_chain_plan(problem, plan_for, top, solver=solver, started=t0, deadline=deadline)
     except InvalidPlanError as exc:  # pragma: no cover - expand builds valid plans
         return problem.no_plan(
-            solver="rotor",
+            solver=solver,
             started=t0,
             min_budget_bytes=None,
             message=f"chain expansion failed: {exc}",

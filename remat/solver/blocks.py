@@ -1,0 +1,254 @@
+"""Blocks of a chain and their partial saves: the per-block exact problems of ``hierarchical``.
+
+For one stage (block) of a chain, a *partial save* keeps some of its saved activations through
+the rest of the chain and makes the others again right before the block's backward, by
+running some of its forward nodes a second time (from the block's input, which rotor keeps
+resident then, and the activations kept). Choosing which to keep is a small exact MILP:
+
+* ``x_v`` (keep saved value ``v``), ``y_p`` (run forward node ``p`` again);
+* every saved value is kept or its producer runs again: ``x_v + y_p(v) >= 1``;
+* a node that runs again has its in-block inputs: kept or made again
+  (``x_u + y_p(u) >= y_p``; ``y_p(u) >= y_p`` for values the backward does not read);
+* nodes that cannot run again (side effects, required or static outputs, inputs from outside
+  the block's cut) have ``y_p = 0``;
+* kept bytes within a cap; minimise the time of the nodes run again.
+
+Solved for a few caps, it gives the block's frontier of (kept bytes, extra time) options.
+Blocks that are structurally identical (same ops, times, sizes and edges in the same order,
+names ignored; grouped by networkx's Weisfeiler-Lehman hash and confirmed by an exact
+signature) are solved once.
+
+References
+----------
+X. Zhao, T. Le Hellard, L. Eyraud-Dubois, J. Gusak, O. Beaumont. "Rockmate: an Efficient, Fast,
+Automatic and Generic Tool for Re-materialization in PyTorch." ICML 2023 (ILP inside blocks,
+rotor across them).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import networkx as nx
+
+from remat.ir import Graph, InvalidPlanError, Plan, block_cuts, keep_plan, simulate
+from remat.ir.chain import Stage
+from remat.solver._mip import SparseModel
+from remat.solver.deadline import Deadline
+
+CAP_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)
+"""Kept-bytes caps, as fractions of the block's saved bytes, whose optima form the frontier
+(keeping everything is rotor's own option)."""
+
+MAX_BLOCK_VALUES = 2000
+"""Blocks with more saved values get no partial saves (their MILP would not be small)."""
+
+
+@dataclass(frozen=True)
+class BlockOption:
+    """Keep ``keep_bytes`` of the block's saved values (``drop_bytes`` fewer than all); run
+    ``rerun`` (positions in the block's forward node list) again before its backward, costing
+    ``extra_time_s``."""
+
+    keep_bytes: int
+    drop_bytes: int
+    extra_time_s: float
+    rerun: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A stage in local terms: per forward node, its time, whether it may run again, its
+    in-block inputs (local node index, output index) and outputs (size, saved?)."""
+
+    signature: tuple[object, ...]
+    time_s: tuple[float, ...]
+    can_rerun: tuple[bool, ...]
+    local_inputs: tuple[tuple[int, ...], ...]
+    """Per node: indices into ``values`` of the in-block values it reads."""
+    values: tuple[tuple[int, int, bool], ...]
+    """Per in-block value: (producer's local index, size in bytes, saved?)."""
+
+
+def _block_of(graph: Graph, stage: Stage, static: set[str]) -> _Block:
+    saved = set(stage.saved_values)
+    cut = set(stage.input_values)
+    vindex: dict[str, int] = {}
+    values: list[tuple[int, int, bool]] = []
+    sig: list[object] = []
+    times, rerun, inputs = [], [], []
+    for k, nid in enumerate(stage.forward_nodes):
+        node = graph.node(nid)
+        ins: list[int] = []
+        ok = node.recomputable
+        refs: list[object] = []
+        for x in node.inputs:
+            if x in vindex:
+                ins.append(vindex[x])
+                refs.append(("v", vindex[x]))
+            elif x in static or graph.value(x).kind == "input":
+                refs.append(("s", graph.value(x).size_bytes))
+            elif x in cut:
+                refs.append(("c", stage.input_values.index(x)))
+            else:
+                ok = False  # made outside the block and not resident at its backward
+                refs.append(("x", graph.value(x).size_bytes))
+        outs: list[object] = []
+        for o in node.outputs:
+            if o in static or graph.is_required(o):
+                ok = False
+                outs.append(("s", graph.value(o).size_bytes))
+                continue
+            vindex[o] = len(values)
+            values.append((k, graph.value(o).size_bytes, o in saved))
+            outs.append((graph.value(o).size_bytes, o in saved))
+        times.append(node.time_s)
+        rerun.append(ok)
+        inputs.append(tuple(ins))
+        sig.append((node.op, node.time_s, node.workspace_bytes, ok, tuple(refs), tuple(outs)))
+    return _Block(tuple(sig), tuple(times), tuple(rerun), tuple(inputs), tuple(values))
+
+
+def _wl_hash(block: _Block) -> str:
+    """networkx's Weisfeiler-Lehman hash of the block's dataflow graph (names ignored)."""
+    g = nx.DiGraph()
+    for k, s in enumerate(block.signature):
+        g.add_node(k, label=repr(s))
+    for k, ins in enumerate(block.local_inputs):
+        for vi in ins:
+            p, size, _ = block.values[vi]
+            g.add_edge(p, k, label=str(size))
+    with warnings.catch_warnings():  # networkx 3.5 notes that directed hashes changed
+        warnings.simplefilter("ignore", UserWarning)
+        return str(nx.weisfeiler_lehman_graph_hash(g, node_attr="label", edge_attr="label"))
+
+
+def _frontier(block: _Block, deadline: Deadline | None) -> tuple[BlockOption, ...]:
+    saved = [i for i, (_, _, s) in enumerate(block.values) if s]
+    total = sum(block.values[i][1] for i in saved)
+    if not saved or total == 0 or len(saved) > MAX_BLOCK_VALUES:
+        return ()
+    n = len(block.time_s)
+    m = SparseModel()
+    x = {i: m.add_col(f"x{i}", 0, 1, integer=True) for i in saved}
+    y = {
+        k: m.add_col(f"y{k}", 0, 1, integer=True, cost=block.time_s[k])
+        for k in range(n)
+        if block.can_rerun[k]
+    }
+    for i in saved:
+        p = block.values[i][0]
+        terms = [(x[i], 1.0)] + ([(y[p], 1.0)] if p in y else [])
+        m.add_row(terms, 1.0, math.inf)
+    for k, yk in y.items():
+        for vi in block.local_inputs[k]:
+            p, _, is_saved = block.values[vi]
+            terms = [(yk, -1.0)]
+            if is_saved:
+                terms.append((x[vi], 1.0))
+            if p in y:
+                terms.append((y[p], 1.0))
+            m.add_row(terms, 0.0, math.inf)
+    cap_row = m.num_rows
+    m.add_row([(x[i], float(block.values[i][1])) for i in saved], -math.inf, float(total))
+    options: dict[tuple[int, float], BlockOption] = {}
+    for frac in CAP_FRACTIONS:
+        if deadline is not None and deadline.expired():
+            break
+        m.row_hi[cap_row] = frac * total
+        left = None if deadline is None else max(0.05, deadline.left_s())
+        sol = m.solve(time_limit_s=left)
+        if sol.values is None or sol.status != "optimal":
+            continue
+        keep = sum(block.values[i][1] for i in saved if sol.values[x[i]] > 0.5)
+        rerun = tuple(k for k, c in y.items() if sol.values[c] > 0.5)
+        extra = sum(block.time_s[k] for k in rerun)
+        key = (keep, round(extra, 15))
+        if keep < total and key not in options:
+            options[key] = BlockOption(keep, total - keep, extra, tuple(sorted(rerun)))
+    # the frontier: fewer kept bytes only for more time
+    out: list[BlockOption] = []
+    for o in sorted(options.values(), key=lambda o: (o.keep_bytes, o.extra_time_s)):
+        if not out or o.extra_time_s < out[-1].extra_time_s - 1e-15:
+            out.append(o)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """The partial saves of every stage, and how many distinct blocks were solved."""
+
+    options: tuple[tuple[BlockOption, ...], ...]
+    distinct_blocks: int
+    complete: bool
+    """False when the deadline cut the block MILPs short (later stages got no options)."""
+
+
+def stage_options(
+    graph: Graph, stages: tuple[Stage, ...], *, deadline: Deadline | None = None
+) -> StageOptions:
+    """The frontier of partial saves of each stage, each distinct block solved once."""
+    static = {v.id for v in graph.values if graph.is_static(v.id)}
+    solved: dict[str, list[tuple[tuple[object, ...], tuple[BlockOption, ...]]]] = {}
+    out: list[tuple[BlockOption, ...]] = []
+    complete = True
+    for st in stages:
+        block = _block_of(graph, st, static)
+        h = _wl_hash(block)
+        group = solved.setdefault(h, [])
+        found = next((opts for sig, opts in group if sig == block.signature), None)
+        if found is None:
+            if deadline is not None and deadline.expired():
+                complete = False
+                out.append(())
+                continue
+            found = _frontier(block, deadline)
+            group.append((block.signature, found))
+        out.append(found)
+    return StageOptions(tuple(out), sum(len(g) for g in solved.values()), complete)
+
+
+def boundary_keep_plan(
+    graph: Graph, budget_bytes: int, *, deadline: Deadline | None = None
+) -> Plan | None:
+    """Keep every block boundary and, of the other activations the backward reads, the most
+    time per byte that fits: a partial save of every block at once, sized by bisection on the
+    number kept (each candidate judged by the simulator). None when even the boundaries alone
+    do not fit, or the deadline passed first."""
+    cut = {v for c in block_cuts(graph) for v in c.values}
+    ranked: list[tuple[float, str]] = []
+    for v in graph.values:
+        p = graph.producer_position(v.id)
+        if p is None or v.id in cut or v.kind == "input" or graph.is_static(v.id):
+            continue
+        node = graph.nodes[p]
+        if node.phase != "forward" or not node.recomputable or v.size_bytes == 0:
+            continue
+        if any(r.phase == "backward" for r in graph.consumers_of(v.id)):
+            ranked.append((node.time_s / v.size_bytes, v.id))
+    ranked.sort(key=lambda r: -r[0])
+    order = [v for _, v in ranked]
+
+    def plan_with(k: int) -> Plan | None:
+        try:
+            return keep_plan(graph, [*cut, *order[:k]])
+        except InvalidPlanError:
+            return None
+
+    lo, hi, best = 0, len(order), None
+    first = plan_with(0)
+    if first is None or simulate(graph, first).peak_bytes > budget_bytes:
+        return None
+    best = first
+    while lo < hi:
+        if deadline is not None and deadline.expired():
+            break
+        mid = (lo + hi + 1) // 2
+        plan = plan_with(mid)
+        if plan is not None and simulate(graph, plan).peak_bytes <= budget_bytes:
+            lo, best = mid, plan
+        else:
+            hi = mid - 1
+    return best

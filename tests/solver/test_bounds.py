@@ -1,0 +1,103 @@
+"""Lower bounds (remat.solver.bounds): each at or below the exact optimum on random small
+graphs (the exact MILP and the exhaustive oracle, ordered and unordered recomputation), and
+never above any plan a solver finds on larger ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from _graphs import random_step
+from handmade import chain_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from oracle import oracle
+
+from remat import solver
+from remat.ir import Graph, eager_plan, simulate
+from remat.ir.synthetic import random_layered_dag, transformer
+from remat.solver.bounds import best_bound, cut_bound, cut_bounds, eager_bound, lp_bound
+from remat.solver.deadline import Deadline
+
+FRACS = st.sampled_from([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+
+
+def frac_budget(g: Graph, frac: float) -> int:
+    return g.static_bytes + int(frac * simulate(g, eager_plan(g)).peak_dynamic_bytes)
+
+
+def all_bounds(g: Graph, b: int) -> list[float]:
+    out = [eager_bound(g).time_s, cut_bounds(g, b).time_s]
+    out += [cut_bound(g, b, c).time_s for c in range(g.num_nodes)]
+    lp = lp_bound(g, b)
+    if lp is not None:
+        out.append(lp.time_s)
+    out.append(best_bound(g, b).time_s)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), ops=st.integers(2, 4), frac=FRACS)
+def test_every_bound_is_at_most_the_oracle_and_the_exact_milp(
+    seed: int, ops: int, frac: float
+) -> None:
+    g = random_step(seed, ops)
+    assert g.num_nodes <= 12  # the MILP is exact over the whole class here
+    b = frac_budget(g, frac)
+    bounds = all_bounds(g, b)
+    free = oracle(g, b, ordered=False)  # any recomputation order: the widest class
+    if free is None:
+        return  # nothing fits: any bound is valid, inf included
+    ordered = oracle(g, b)
+    assert ordered is not None and free.time_s <= ordered.time_s * (1 + 1e-12)
+    m = solver.get("milp")(g, b, time_limit_s=20)
+    assert m.status == "optimal"
+    for lb in bounds:
+        assert lb <= free.time_s * (1 + 1e-9)
+        assert lb <= (m.total_time_s or 0) * (1 + 1e-9)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), frac=FRACS)
+def test_bounds_lie_below_the_plans_found_on_larger_graphs(seed: int, frac: float) -> None:
+    g = random_layered_dag(30, seed=seed % 1000, batch_size=4, max_width=64)
+    b = frac_budget(g, frac)
+    lb = best_bound(g, b, lp=False).time_s
+    for name in ("rotor", "chen-greedy", "checkpoint-all"):
+        r = solver.get(name)(g, b, time_limit_s=20)
+        if r.status in ("optimal", "feasible"):
+            assert lb <= (r.total_time_s or 0) * (1 + 1e-9), name
+
+
+def test_forward_backward_cut_on_a_hand_chain() -> None:
+    # chain_step: at the first backward node every forward activation is needed; 10 bytes
+    # below the eager peak, keeping everything does not fit, so some producer runs again.
+    g = chain_step()
+    peak = simulate(g, eager_plan(g)).peak_bytes
+    base = eager_bound(g).time_s
+    assert cut_bounds(g, peak).time_s == pytest.approx(base)
+    tight = cut_bounds(g, peak - 10).time_s
+    assert base < tight <= 11.0 + 1e-9  # the MILP's optimum is 11 s (tests/solver/test_milp)
+
+
+def test_budget_below_what_is_held_proves_infeasible() -> None:
+    g = chain_step()
+    assert math.isinf(cut_bounds(g, 0).time_s)
+    assert best_bound(g, 0).proves_infeasible
+
+
+def test_bounds_at_size_stay_cheap_and_respect_a_deadline() -> None:
+    g = transformer(4)
+    b = frac_budget(g, 0.5)
+    ticks = iter(range(10**6))
+    # a clock that advances one second per reading: only the first cut gets its turn
+    late = Deadline(at=1.5, clock=lambda: float(next(ticks)))
+    one = cut_bounds(g, b, deadline=late)
+    full = cut_bounds(g, b)
+    assert eager_bound(g).time_s <= one.time_s <= full.time_s
+    assert lp_bound(g, b) is None  # too large for the exact LP
+
+
+def test_cut_bound_names_a_bad_position() -> None:
+    with pytest.raises(ValueError, match="position"):
+        cut_bound(chain_step(), 10**6, 99)
