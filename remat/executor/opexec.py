@@ -240,6 +240,9 @@ class _CodeGen:
                     if x in ev_pending:
                         lines.append(f"    _wait(e_{_ident(x)}); e_{_ident(x)} = None")
                         ev_pending.discard(x)
+                # Batch norm's new running statistics written into the buffers in place, as
+                # eager does: no transient copy of them that the simulator does not count.
+                in_place = self._stats_in_place(fx, i, last_fwd_read)
                 call = self.call(fx)
                 is_first = s.id not in done
                 present = [o for o in node.outputs if o in resident]
@@ -267,6 +270,9 @@ class _CodeGen:
                         lines.append(f"    # recompute {s.id} ({node.op}), same random numbers")
                         self._emit_assign(fx, call)
                         lines.append(f"    {put}(_saved); del _saved")
+                elif in_place is not None:
+                    lines.append(f"    # compute {s.id} ({node.op}), statistics in place")
+                    self._emit_assign_in_place(fx, in_place)
                 else:
                     lines.append(
                         f"    # {'compute' if is_first else 'recompute'} {s.id} ({node.op})"
@@ -278,6 +284,8 @@ class _CodeGen:
                     if bname is None:
                         continue
                     old = buffer_arg[bname]
+                    if in_place is not None:
+                        continue  # already the buffer
                     if last_fwd_read.get(old, -1) > i:
                         pending_buffers.append((old, o))
                     else:
@@ -383,6 +391,42 @@ class _CodeGen:
             self.lines.append(f"    v_{_ident(o)} = _t[{idx}]")
         self.lines.append("    del _t")
 
+    def _stats_in_place(
+        self, fx: torch.fx.Node, step: int, last_fwd_read: dict[str, int]
+    ) -> dict[int, str] | None:
+        """For a functional batch norm whose new running statistics (elements 3 and 4) are
+        buffer updates that no later forward step reads the old values of: element index ->
+        the buffer's value id. None otherwise."""
+        if fx.target is not _BN_FUNCTIONAL:
+            return None
+        cap = self.cap
+        update_of = {vid: name for name, vid in cap.buffer_updates.items()}
+        node = self.graph.node(fx.name)
+        out: dict[int, str] = {}
+        for o in node.outputs:
+            base = cap.value_fx[o]
+            if base is fx or o not in update_of:
+                continue
+            idx = int(base.args[1])
+            buf = cap.buffer_values[update_of[o]]
+            arg = fx.args[idx]  # running_mean is argument 3, running_var argument 4
+            if not isinstance(arg, torch.fx.Node) or cap.fx_value.get(arg.name) != buf:
+                return None
+            if last_fwd_read.get(buf, -1) > step:
+                return None
+            out[idx] = buf
+        return out if sorted(out) == [3, 4] else None
+
+    def _emit_assign_in_place(self, fx: torch.fx.Node, buffers: dict[int, str]) -> None:
+        args = [self.arg(a) for a in fx.args]
+        self.lines.append(f"    _t = {self.const(_BN_IN_PLACE)}({', '.join(args)})")
+        for o in self.graph.node(fx.name).outputs:
+            base = self.cap.value_fx[o]
+            idx = int(o.rsplit("#", 1)[1]) if base is fx else int(base.args[1])
+            src = f"v_{_ident(buffers[idx])}" if idx in buffers else f"_t[{idx}]"
+            self.lines.append(f"    v_{_ident(o)} = {src}")
+        self.lines.append("    del _t")
+
     def _rng_fns(self, fx: torch.fx.Node) -> tuple[str, str]:
         if self.device.type == "cuda":
             dev = self.device
@@ -395,6 +439,8 @@ class _CodeGen:
 import operator  # noqa: E402
 
 _getitem = operator.getitem
+_BN_FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
+_BN_IN_PLACE = torch.ops.aten._native_batch_norm_legit.default
 _CUT = "    # ---- forward | backward ----"
 
 

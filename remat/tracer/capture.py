@@ -17,7 +17,8 @@ Two things are done to make the graph mirror the eager step that it replaces:
 * each module's path is recorded on the forward nodes (``meta["nn_module_stack"]``) by global
   module hooks; backward nodes take the module of the forward op with the same ``seq_nr``.
 
-The joint graph is then mapped to the IR by :func:`remat.tracer.fx_to_ir.joint_to_ir`.
+Random draws are then put in eager's memory order (:mod:`remat.tracer.joint_passes`) and the
+joint graph is mapped to the IR by :func:`remat.tracer.fx_to_ir.joint_to_ir`.
 
 Fidelity to the eager step
 --------------------------
@@ -50,6 +51,7 @@ from torch.utils import _pytree as pytree
 from remat.ir import Graph
 from remat.tracer.errors import TraceError
 from remat.tracer.fx_to_ir import IrMapping, JointSignature, OutputRole, joint_to_ir
+from remat.tracer.joint_passes import bernoulli_in_memory_order
 from remat.tracer.patches import capture_patches
 
 __all__ = ["Capture", "LossFn", "TraceError", "capture"]
@@ -446,6 +448,7 @@ def capture(
             f"unexpected joint graph: {num_fwd} forward outputs for {len(mutated)} mutated "
             "buffers and one loss (does the loss alias an intermediate tensor?)"
         )
+    bernoulli_in_memory_order(joint)
     signature = JointSignature(
         model_name=type(model).__name__,
         param_names=tuple(param_names),

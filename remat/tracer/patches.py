@@ -12,6 +12,9 @@ that every thread of the process sees (dispatcher kernels, global flags, module 
   while tracing): the fused CPU kernel (``mkldnn_rnn_layer``) has no usable fake implementation
   of its saved workspace, and its joint graph cannot run.
 * :func:`allow_fake_constants`: fake tensors a model closes over may become graph constants.
+* :func:`transformers_sees_tracing`: transformers' ``is_tracing`` guard recognises the
+  capture's functional tensors, so its masking code does not read their (absent) data.
+* :func:`grouped_mm_any_dtype`: ``torch._grouped_mm`` traces in float32, as the CPU runs it.
 """
 
 from __future__ import annotations
@@ -108,6 +111,99 @@ def allow_fake_constants() -> Iterator[None]:
         dynamo_utils.assert_no_fake_params_or_buffers = saved
 
 
+@contextlib.contextmanager
+def transformers_sees_tracing() -> Iterator[None]:
+    """transformers' ``is_tracing(tensor)`` recognises the capture's tensors.
+
+    Its masking code reads tensor data in Python (``find_packed_sequence_indices``,
+    ``_ignore_causal_mask_sdpa``) unless ``is_tracing`` says the tensor has none; that checks
+    for ``FakeTensor``, but inside ``aot_function`` the model sees ``FunctionalTensor``s wrapping
+    fakes, and ``.item()`` raises ``DataDependentOutputException``. Nothing is imported: a
+    process that has not imported transformers has nothing to patch.
+    """
+    import sys
+
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if utils is None or original is None:
+        yield
+        return
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    def is_fake_tensor(x: Any) -> bool:
+        return isinstance(x, FunctionalTensor) or bool(original(x))
+
+    utils.is_fake_tensor = is_fake_tensor
+    try:
+        yield
+    finally:
+        utils.is_fake_tensor = original
+
+
+def _grouped_mm_shape(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any) -> list[int]:
+    """The output shape of ``torch._grouped_mm``: a 2-D operand is split into groups along its
+    rows (A) or columns (B) by ``offs``; two 3-D operands are a batched matmul."""
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if a2 and b2:  # groups along K: one (M, N) result per group
+        return [int(offs.shape[0]), int(mat_a.shape[0]), int(mat_b.shape[1])]
+    if a2:  # rows of A in groups, one (K, N) matrix of B per group
+        return [int(mat_a.shape[0]), int(mat_b.shape[-1])]
+    if b2:  # columns of B in groups, one (M, K) matrix of A per group
+        return [int(mat_a.shape[1]), int(mat_b.shape[1])]
+    return [int(mat_a.shape[0]), int(mat_a.shape[1]), int(mat_b.shape[-1])]
+
+
+@contextlib.contextmanager
+def grouped_mm_any_dtype() -> Iterator[None]:
+    """A fake implementation of ``torch._grouped_mm`` for dtypes other than bfloat16.
+
+    torch's meta kernel checks the CUDA kernel's constraints (bfloat16 only, 16-byte aligned
+    strides), but the CPU kernel runs float32 (Mixtral's default experts implementation in
+    transformers calls it). Outside those dtypes nothing changes: bfloat16 calls still go
+    through torch's meta kernel.
+    """
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten._grouped_mm.default
+
+    def applies(func: Any) -> bool:
+        return func is op
+
+    def fake_grouped_mm(
+        mode: Any,
+        func: Any,
+        mat_a: torch.Tensor,
+        mat_b: torch.Tensor,
+        offs: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> Any:
+        if mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16:
+            return NotImplemented
+        torch._check(
+            mat_a.dtype == mat_b.dtype,
+            lambda: f"_grouped_mm needs one dtype, got {mat_a.dtype} and {mat_b.dtype}",
+        )
+        torch._check(
+            mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+            lambda: "_grouped_mm multiplicands must be 2-D or 3-D",
+        )
+        torch._check(
+            (mat_a.dim() == 3 and mat_b.dim() == 3) or offs is not None,
+            lambda: "_grouped_mm with a 2-D operand needs offs",
+        )
+        shape = _grouped_mm_shape(mat_a, mat_b, offs)
+        with mode:
+            return torch.empty(shape, dtype=out_dtype or mat_a.dtype, device=mat_a.device)
+
+    entry = (applies, fake_grouped_mm)
+    fake_impls.op_implementations_checks.insert(0, entry)
+    try:
+        yield
+    finally:
+        fake_impls.op_implementations_checks.remove(entry)
+
+
 # The patches change process-wide torch state: one capture at a time (re-entrant, so a capture
 # made while tracing, by a model's own code, does not deadlock).
 CAPTURE_LOCK = threading.RLock()
@@ -121,5 +217,7 @@ def capture_patches(*, target: str = "cpu") -> Iterator[None]:
         eager_composites(keep_fused_dropout=target == "cuda"),
         no_fused_cpu_rnn(),
         allow_fake_constants(),
+        transformers_sees_tracing(),
+        grouped_mm_any_dtype(),
     ):
         yield
