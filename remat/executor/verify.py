@@ -47,6 +47,7 @@ class VerifyReport:
     measured_static_bytes: int
     measured_dynamic_bytes: int
     eager_peak_bytes: int
+    """The plain eager step (the unmodified model, ``loss.backward()``), measured."""
     eager_dynamic_bytes: int
     predicted_host_bytes: int
     measured_host_bytes: int
@@ -59,6 +60,21 @@ class VerifyReport:
     """Median remat step time over median eager step time (None when not timed)."""
     remat_step_s: float | None
     eager_step_s: float | None
+    eager_predicted_dynamic_bytes: int = 0
+    """The eager (``none``) plan's simulated dynamic peak: what remat takes the plain eager
+    step to need (the base of percentage budgets)."""
+
+    @property
+    def eager_error(self) -> float:
+        """Plain eager measured against the eager plan's prediction, relative to the latter."""
+        if self.eager_predicted_dynamic_bytes == 0:
+            return 0.0 if self.eager_dynamic_bytes == 0 else math.inf
+        return self.eager_dynamic_bytes / self.eager_predicted_dynamic_bytes - 1.0
+
+    @property
+    def eager_mismatch(self) -> bool:
+        """The plain eager step differs from the eager plan's prediction by more than 1%."""
+        return abs(self.eager_error) > 0.01
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -99,6 +115,10 @@ class VerifyReport:
             f"{fb(self.measured_dynamic_bytes):>12}   ({self.dynamic_error:+.2%})",
             f"  static   predicted {fb(self.predicted_static_bytes):>12}   measured "
             f"{fb(self.measured_static_bytes):>12}",
+            f"  eager    plain eager measured {fb(self.eager_dynamic_bytes)}, eager plan "
+            f"predicted {fb(self.eager_predicted_dynamic_bytes)} ({self.eager_error:+.2%}), "
+            f"plan measured {fb(self.measured_dynamic_bytes)}"
+            + ("   EAGER MISMATCH (> 1%)" if self.eager_mismatch else ""),
         ]
         if self.budget_bytes is not None:
             lines.append(
@@ -297,6 +317,7 @@ def verify(
         measured_dynamic_bytes=mem.peak_dynamic_bytes,
         eager_peak_bytes=ref_mem.peak_bytes,
         eager_dynamic_bytes=ref_mem.peak_dynamic_bytes,
+        eager_predicted_dynamic_bytes=eager_sim.peak_dynamic_bytes,
         predicted_host_bytes=_host_bytes(graph, plan),
         measured_host_bytes=host_peak,
         grad_max_abs_diff=diff,
