@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from remat.ir import Graph, InfeasibleBudgetError, Plan
 from remat.ir.budget import BudgetSpec
@@ -100,5 +100,5 @@ def compile(
     compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=be, **compile_kwargs)
     with contextlib.suppress(AttributeError, TypeError):
-        compiled.remat_backend = be
+        cast(Any, compiled).remat_backend = be
     return compiled
