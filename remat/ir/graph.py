@@ -27,9 +27,9 @@ import hashlib
 import json
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
 from remat.ir.errors import GraphValidationError
@@ -61,6 +61,13 @@ class DeviceProfile(BaseModel):
         One-direction bandwidth of the host link, used for offload and prefetch.
     memory_bytes
         Device memory capacity, when known.
+    op_overhead_s
+        Fixed time of one op call (dispatch on a CPU, kernel launch on a GPU), added to every
+        op's roofline time; 0 for the datasheet profiles, which do not state one.
+    op_bandwidth_bytes_per_s
+        Effective bandwidth of memory-bound op classes (``"elementwise"``, ``"transcendental"``,
+        ``"softmax"``, ``"random"``; see :func:`remat.ir.devices.roofline_time_s`) where they
+        differ from ``memory_bandwidth_bytes_per_s`` (measured for the local CPU).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -70,6 +77,16 @@ class DeviceProfile(BaseModel):
     memory_bandwidth_bytes_per_s: float
     host_bandwidth_bytes_per_s: float
     memory_bytes: int | None = None
+    op_overhead_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    op_bandwidth_bytes_per_s: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = (
+        Field(default_factory=dict)
+    )
+
+    def bandwidth_bytes_per_s(self, op_class: str | None) -> float:
+        """Effective bandwidth of ``op_class``, else the memory bandwidth."""
+        if op_class is not None and op_class in self.op_bandwidth_bytes_per_s:
+            return self.op_bandwidth_bytes_per_s[op_class]
+        return self.memory_bandwidth_bytes_per_s
 
     def flops_per_s(self, dtype: str | None) -> float:
         """Peak FLOP/s for ``dtype``, falling back to float32, then to the slowest listed."""
