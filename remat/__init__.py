@@ -24,12 +24,13 @@ from remat.ir import (
     SolverUnavailableError,
     simulate,
 )
-from remat.solver import solve
+from remat.solver import Frontier, frontier, solve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "Frontier",
     "Graph",
     "GraphValidationError",
     "InfeasibleBudgetError",
@@ -41,6 +42,7 @@ __all__ = [
     "SolveResult",
     "SolverUnavailableError",
     "__version__",
+    "frontier",
     "simulate",
     "solve",
 ]

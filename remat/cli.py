@@ -226,7 +226,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _target_graph(target: str, cost: str | None) -> Graph:
+def _target_graph(target: str, cost: str) -> Graph:
     if target == "-" or target.endswith(".json") or (Path(target).is_file() and ":" not in target):
         return load_graph(target)
     if ":" not in target:
@@ -492,22 +492,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-overhead", type=float, metavar="FRAC", help="fail above this extra time, e.g. 0.25"
     )
     solver_args(sp)
-    sp.add_argument(
-        "--cost",
-        default=None,
-        help="trace cost model: the local device's roofline (default), measure, flops or a device",
-    )
+    sp.add_argument("--cost", default="flops", help="trace cost model: flops, measure or a device")
     sp.add_argument("--json", metavar="PATH", help="write a JSON report")
     sp.add_argument("--junit", metavar="PATH", help="write a JUnit XML report")
     sp.set_defaults(fn=cmd_check)
 
     sp = sub.add_parser("trace", help="trace a model into a graph (needs torch)")
     sp.add_argument("spec", help="e.g. examples/gpt.py:build or package.module:function")
-    sp.add_argument(
-        "--cost",
-        default=None,
-        help="the local device's roofline (default), measure, flops or a device profile name",
-    )
+    sp.add_argument("--cost", default="flops", help="flops, measure or a device profile name")
     sp.add_argument("--out", metavar="GRAPH.json")
     sp.set_defaults(fn=cmd_trace)
 

@@ -184,6 +184,7 @@ class Graph(BaseModel, metaclass=_GraphMeta):
     _producer: dict[str, int] = PrivateAttr(default_factory=dict)
     _consumers: dict[str, list[int]] = PrivateAttr(default_factory=dict)
     _required_set: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _content_hash: str | None = PrivateAttr(default=None)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -216,8 +217,10 @@ class Graph(BaseModel, metaclass=_GraphMeta):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
     def content_hash(self) -> str:
-        """sha256 of :meth:`canonical_json`, hex."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        """sha256 of :meth:`canonical_json`, hex (computed once: the graph is frozen)."""
+        if self._content_hash is None:
+            self._content_hash = hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return self._content_hash
 
     # -- lookups ------------------------------------------------------------------------------
 

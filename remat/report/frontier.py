@@ -82,12 +82,12 @@ def compute_frontier(
     on_point: Callable[[int, int, FrontierPoint], None] | None = None,
     solve_options: dict[str, Any] | None = None,
 ) -> list[FrontierPoint]:
-    """Solve ``graph`` with each solver at each budget.
+    """Solve ``graph`` with each solver at each budget (one :func:`remat.frontier` per solver).
 
     A solver that does not apply to the graph (a chain method on a DAG it cannot view as a
     chain) contributes an ``error`` point with its message instead of stopping the frontier.
     ``on_point(done, total, point)`` is called after each solve. ``solve_options`` go to every
-    call of :func:`remat.solver.solve` (for example a progress callback).
+    solver call (its options).
 
     Raises
     ------
@@ -102,20 +102,28 @@ def compute_frontier(
     total = len(resolved) * len(solvers)
     points: list[FrontierPoint] = []
     for name in solvers:
-        for spec, budget_bytes in resolved:
-            try:
-                r = registry.solve(
-                    graph,
-                    budget_bytes,
-                    solver=name,
-                    time_limit_s=time_limit_s,
-                    **(solve_options or {}),
-                )
-                point = point_from_result(spec, r)
-            except (RematError, ValueError) as exc:
-                point = FrontierPoint(
+        # One remat.frontier per solver: budgets share their plans, so the time never rises
+        # with the budget and spare room is spent (see remat.solver.frontier).
+        try:
+            fr = registry.frontier(
+                graph,
+                [b for _, b in resolved],
+                solver=name,
+                time_limit_s=time_limit_s,
+                **(solve_options or {}),
+            )
+            row = [
+                point_from_result(spec, r)
+                for (spec, _), r in zip(resolved, fr.results, strict=True)
+            ]
+        except (RematError, ValueError) as exc:
+            row = [
+                FrontierPoint(
                     solver=name, budget=str(spec), budget_bytes=budget_bytes, status=f"error: {exc}"
                 )
+                for spec, budget_bytes in resolved
+            ]
+        for point in row:
             points.append(point)
             if on_point is not None:
                 on_point(len(points), total, point)

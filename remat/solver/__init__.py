@@ -34,9 +34,11 @@ from remat.solver.base import (
     register,
     result_from_plan,
 )
+from remat.solver.frontier import Frontier, frontier
 from remat.solver.problem import Problem, ProgressCallback
 
 __all__ = [
+    "Frontier",
     "PlanFigures",
     "Problem",
     "Progress",
@@ -46,6 +48,7 @@ __all__ = [
     "available",
     "baselines",
     "default_solver",
+    "frontier",
     "get",
     "info",
     "register",

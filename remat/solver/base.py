@@ -184,4 +184,5 @@ def result_from_plan(
         status=status,
         lower_bound_s=lower_bound_s,
         message=message,
+        record=host_bandwidth_bytes_per_s is None,
     )
