@@ -221,23 +221,36 @@ def _cpu_key(device: str = "cpu") -> str:
     )
 
 
+_PROFILES: dict[tuple[str, str], DeviceProfile] = {}
+"""Profiles this process has measured or read, by (cache file, key): one process traces every
+graph with the same profile, even when another process rewrites the cache meanwhile."""
+
+
 def cpu_profile(*, refresh: bool = False, device: str = "cpu") -> DeviceProfile:
     """This machine's profile: measured at first use, then read from the cache."""
     path = cache_dir() / ("cpu-profile.json" if device == "cpu" else f"{device}-profile.json")
     key = _cpu_key(device)
+    memo = (str(path), key)
+    if not refresh and memo in _PROFILES:
+        return _PROFILES[memo]
+    profile: DeviceProfile | None = None
     if not refresh and path.exists():
         try:
             data = json.loads(path.read_text())
             if data.get("key") == key:
-                return DeviceProfile.model_validate(data["profile"])
+                profile = DeviceProfile.model_validate(data["profile"])
         except (OSError, ValueError, KeyError):
             pass
-    profile = measure_cpu_profile(device=device)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "profile": profile.model_dump()}))
-    except OSError:
-        pass  # a read-only home still gets a profile, just not a cached one
+    if profile is None:
+        profile = measure_cpu_profile(device=device)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": key, "profile": profile.model_dump()}))
+            tmp.replace(path)  # atomic: a reader never sees half a file
+        except OSError:
+            pass  # a read-only home still gets a profile, just not a cached one
+    _PROFILES[memo] = profile
     return profile
 
 
