@@ -98,3 +98,39 @@ def test_squeeze_never_reports_more_than_a_known_plan_and_counts_its_work() -> N
     assert simulate(g, got.plan).peak_bytes == got.peak_bytes
     assert 0 < len(calls) <= 50  # one clock tick per reading bounds the work
     assert all(c >= b for c in calls)
+
+
+def test_auto_infeasible_reports_the_smallest_known_plan_and_a_lower_bound() -> None:
+    """The issue's false minimum, on a U-Net: a plan found at a larger budget bounds what a
+    budget no method reaches reports, whatever that solve finds itself."""
+    known.forget()
+    g = unet(3, base_channels=8, image_size=32, batch_size=2)
+    roomy = get("lp-round")(g, resolve_budget(g, 0.5), time_limit_s=5)
+    assert roomy.plan is not None
+    r = get("auto")(g, resolve_budget(g, 0.02), time_limit_s=2)
+    assert r.status == "infeasible" and r.plan is not None
+    assert r.min_budget_bytes is not None and r.min_budget_bytes <= roomy.peak_bytes
+    assert r.min_budget_bytes == simulate(g, r.plan).peak_bytes == known.smallest(g).peak_bytes
+    assert r.min_budget_lower_bytes == known.min_budget_lower_bytes(g) <= r.min_budget_bytes
+    assert str(r.min_budget_lower_bytes) in r.message
+
+
+def test_resnet_example_minimum_budget_is_never_above_a_plan_found_at_50_percent(
+    tmp_path, monkeypatch
+) -> None:
+    import pytest
+
+    pytest.importorskip("torch")
+    from examples.models import build_resnet
+    from remat.tracer import trace
+
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    known.forget()
+    g = trace(*build_resnet(batch=2, image=16, width=8, blocks_per_stage=1, stages=2))
+    at50 = get("auto")(g, resolve_budget(g, 0.5), time_limit_s=3)
+    at30 = get("auto")(g, resolve_budget(g, 0.3), time_limit_s=3)
+    assert at50.plan is not None
+    if at30.status == "infeasible":
+        assert at30.min_budget_bytes is not None and at30.min_budget_bytes <= at50.peak_bytes
+        assert at30.min_budget_lower_bytes is not None
+        assert at30.min_budget_lower_bytes <= at30.min_budget_bytes
