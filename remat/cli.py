@@ -110,6 +110,8 @@ def _result_rows(result: Any) -> list[tuple[str, str]]:
         rows.append(("bound", f"{_secs(result.lower_bound_s)} (gap {_pct(result.gap)})"))
     if result.min_budget_bytes is not None:
         rows.append(("smallest budget found", format_bytes(result.min_budget_bytes)))
+    if result.min_budget_lower_bytes is not None:
+        rows.append(("no plan below (proven)", format_bytes(result.min_budget_lower_bytes)))
     if result.message:
         rows.append(("note", result.message))
     return rows
@@ -274,8 +276,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not result.fits:
         passed = False
         need = result.min_budget_bytes
+        lower = result.min_budget_lower_bytes
+        notes = ([f"smallest found: {format_bytes(need)}"] if need is not None else []) + (
+            [f"no plan can peak below {format_bytes(lower)}"] if lower is not None else []
+        )
         reason = f"no plan fits {format_bytes(result.budget_bytes)}" + (
-            f" (smallest found: {format_bytes(need)})" if need is not None else ""
+            f" ({'; '.join(notes)})" if notes else ""
         )
     elif args.max_overhead is not None and (result.overhead or 0.0) > args.max_overhead:
         passed = False
