@@ -9,8 +9,8 @@ The budgets are solved in increasing order and share their work:
   values while they fit, so a budget with room for a faster plan gets one even when the solver
   returns the same coarse plan for a range of budgets;
 * once the eager schedule fits, larger budgets get it without solving (nothing is faster);
-* a lower bound proven at a larger budget also holds at every smaller one (less memory never
-  makes the optimum faster), so bounds are carried downwards.
+* a lower bound the solver proved at a larger budget also holds at every smaller one (less
+  memory never makes the optimum faster), so bounds are carried downwards.
 
 References
 ----------
@@ -130,7 +130,6 @@ def frontier(
                 lower_bound_s=base,
                 message="the eager schedule fits: nothing is recomputed",
             )
-            bounds[b] = base
             continue
         r = run(graph, b, time_limit_s=time_limit_s, **options)
         if r.plan is not None:
@@ -163,18 +162,21 @@ def frontier(
 
     if on_point is not None and answers:
         on_point(len(answers))
-    # A bound at a larger budget holds at every smaller one; keep each budget's best.
+    # A bound the solver proved at a larger budget holds at every smaller one; carry the best
+    # down (only solver-proven bounds: a point without one keeps none, as the solver gave).
     carried: dict[int, float] = {}
-    best_bound = 0.0
+    best_bound: float | None = None
     for b in sorted(answers, reverse=True):
-        best_bound = max(best_bound, bounds.get(b, 0.0), base)
-        carried[b] = best_bound
-    for b, ans in answers.items():
-        lb = carried[b]
+        if b in bounds:
+            best_bound = bounds[b] if best_bound is None else max(best_bound, bounds[b])
+        if best_bound is not None:
+            carried[b] = max(best_bound, base)
+    for b, lb in carried.items():
+        ans = answers[b]
         if ans.total_time_s is None or ans.status == "infeasible":
             continue
         if lb > ans.total_time_s * (1 + 1e-9):
-            continue  # only from a bound at this budget that the plan missed: not comparable
+            continue  # a bound of a narrower class than this plan's: not comparable
         proven = ans.total_time_s <= lb * (1 + 1e-9)
         answers[b] = ans.model_copy(
             update={
