@@ -25,12 +25,13 @@ from remat.ir import (
     SolverUnavailableError,
     simulate,
 )
-from remat.solver import solve
+from remat.solver import Frontier, frontier, solve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "Frontier",
     "Graph",
     "GraphValidationError",
     "InfeasibleBudgetError",
@@ -42,6 +43,7 @@ __all__ = [
     "SolveResult",
     "SolverUnavailableError",
     "__version__",
+    "frontier",
     "simulate",
     "solve",
 ]

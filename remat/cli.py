@@ -139,6 +139,8 @@ def _result_rows(result: Any) -> list[tuple[str, str]]:
         rows.append(("bound", f"{_secs(result.lower_bound_s)} (gap {_pct(result.gap)})"))
     if result.min_budget_bytes is not None:
         rows.append(("smallest budget found", format_bytes(result.min_budget_bytes)))
+    if result.min_budget_lower_bytes is not None:
+        rows.append(("no plan below (proven)", format_bytes(result.min_budget_lower_bytes)))
     if result.message:
         rows.append(("note", result.message))
     return rows

@@ -125,8 +125,14 @@ def test_check_pass_fail_and_reports(
 
     too_small = main(["check", str(graph_file), "--budget", "10%", "--json", str(js)])
     assert too_small == 1
-    assert json.loads(js.read_text())["passed"] is False
-    assert "FAIL: no plan fits" in capsys.readouterr().out
+    report = json.loads(js.read_text())
+    assert report["passed"] is False
+    out = capsys.readouterr().out
+    assert "FAIL: no plan fits" in out
+    # the smallest plan known and the proven floor, in the message and the JSON
+    assert "no plan can peak below" in out and "no plan below (proven)" in out
+    low = report["result"]["min_budget_lower_bytes"]
+    assert low is not None and low <= report["result"]["min_budget_bytes"]
 
 
 def test_report_replays_the_plan(

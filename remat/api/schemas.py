@@ -165,6 +165,7 @@ class FrontierPoint(_Strict):
     lower_bound_s: float | None = None
     gap: float | None = None
     min_budget_bytes: int | None = None
+    min_budget_lower_bytes: int | None = None
     solve_time_s: float = 0.0
 
     @classmethod
@@ -180,6 +181,7 @@ class FrontierPoint(_Strict):
             lower_bound_s=result.lower_bound_s,
             gap=result.gap,
             min_budget_bytes=result.min_budget_bytes,
+            min_budget_lower_bytes=result.min_budget_lower_bytes,
             solve_time_s=result.solve_time_s,
         )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remat import solver as solvers
-from remat.ir import Graph, RematError, eager_plan, resolve_budget, simulate
+from remat.ir import Graph, RematError, resolve_budget
 from remat.ir.result import Progress as SolveProgress
 from remat.ir.result import SolveResult, best_result
 
@@ -153,24 +153,37 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answ
     graph = _graph(task)
     specs = task["budgets"] or DEFAULT_FRONTIER
     budgets = [_resolve(graph, s, ["body", "budgets", i]) for i, s in enumerate(specs)]
-    eager = simulate(graph, eager_plan(graph))
-    points: list[FrontierPoint] = []
-    for i, (spec, b) in enumerate(zip(specs, budgets, strict=True)):
-        points.append(FrontierPoint.of(spec, _solve(graph, b, task)))
+
+    def on_point(done: int) -> None:  # distinct budgets answered so far
         if progress is not None:
             progress(
                 {
                     "stage": "solving",
                     "elapsed_s": time.perf_counter() - started,
-                    "points_done": i + 1,
-                    "points_total": len(specs),
+                    "points_done": done,
+                    "points_total": len(set(budgets)),
                 }
             )
+
+    try:
+        fr = solvers.frontier(
+            graph,
+            budgets,
+            solver=task["solver"],
+            time_limit_s=task["time_limit_s"],
+            on_point=on_point,
+            **task["options"],
+        )
+    except RematError as exc:
+        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
+    except ValueError as exc:
+        raise TaskError(["body", "options"], str(exc)) from None
+    points = [FrontierPoint.of(spec, r) for spec, r in zip(specs, fr.results, strict=True)]
     timed_out = any(p.status == "timeout" for p in points)
     text = FrontierResult(
         solver=task["solver"],
-        baseline_time_s=eager.total_time_s,
-        eager_peak_bytes=eager.peak_bytes,
+        baseline_time_s=fr.baseline_time_s,
+        eager_peak_bytes=fr.eager_peak_bytes,
         static_bytes=graph.static_bytes,
         points=points,
     ).model_dump_json()

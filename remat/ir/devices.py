@@ -67,9 +67,16 @@ def get_profile(name: str) -> DeviceProfile:
 
 
 def roofline_time_s(
-    profile: DeviceProfile, flops: float, bytes_moved: float, dtype: str | None
+    profile: DeviceProfile,
+    flops: float,
+    bytes_moved: float,
+    dtype: str | None,
+    op_class: str | None = None,
 ) -> float:
-    """Roofline estimate: an op is bound by compute or by memory traffic, whichever is slower."""
-    return max(
-        flops / profile.flops_per_s(dtype), bytes_moved / profile.memory_bandwidth_bytes_per_s
+    """Roofline estimate of one op: the profile's per-op overhead plus the slower of compute
+    (``flops`` at the dtype's peak) and memory traffic (``bytes_moved`` at the bandwidth of
+    ``op_class``: ``"elementwise"``, ``"transcendental"``, ``"softmax"``, ``"random"``, or
+    None for plain memory bandwidth)."""
+    return profile.op_overhead_s + max(
+        flops / profile.flops_per_s(dtype), bytes_moved / profile.bandwidth_bytes_per_s(op_class)
     )

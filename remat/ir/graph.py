@@ -27,9 +27,9 @@ import hashlib
 import json
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
 from remat.ir.errors import GraphValidationError
@@ -61,6 +61,13 @@ class DeviceProfile(BaseModel):
         One-direction bandwidth of the host link, used for offload and prefetch.
     memory_bytes
         Device memory capacity, when known.
+    op_overhead_s
+        Fixed time of one op call (dispatch on a CPU, kernel launch on a GPU), added to every
+        op's roofline time; 0 for the datasheet profiles, which do not state one.
+    op_bandwidth_bytes_per_s
+        Effective bandwidth of memory-bound op classes (``"elementwise"``, ``"transcendental"``,
+        ``"softmax"``, ``"random"``; see :func:`remat.ir.devices.roofline_time_s`) where they
+        differ from ``memory_bandwidth_bytes_per_s`` (measured for the local CPU).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -70,6 +77,16 @@ class DeviceProfile(BaseModel):
     memory_bandwidth_bytes_per_s: float
     host_bandwidth_bytes_per_s: float
     memory_bytes: int | None = None
+    op_overhead_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    op_bandwidth_bytes_per_s: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = (
+        Field(default_factory=dict)
+    )
+
+    def bandwidth_bytes_per_s(self, op_class: str | None) -> float:
+        """Effective bandwidth of ``op_class``, else the memory bandwidth."""
+        if op_class is not None and op_class in self.op_bandwidth_bytes_per_s:
+            return self.op_bandwidth_bytes_per_s[op_class]
+        return self.memory_bandwidth_bytes_per_s
 
     def flops_per_s(self, dtype: str | None) -> float:
         """Peak FLOP/s for ``dtype``, falling back to float32, then to the slowest listed."""
@@ -167,6 +184,7 @@ class Graph(BaseModel, metaclass=_GraphMeta):
     _producer: dict[str, int] = PrivateAttr(default_factory=dict)
     _consumers: dict[str, list[int]] = PrivateAttr(default_factory=dict)
     _required_set: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _content_hash: str | None = PrivateAttr(default=None)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -199,8 +217,10 @@ class Graph(BaseModel, metaclass=_GraphMeta):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
     def content_hash(self) -> str:
-        """sha256 of :meth:`canonical_json`, hex."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        """sha256 of :meth:`canonical_json`, hex (computed once: the graph is frozen)."""
+        if self._content_hash is None:
+            self._content_hash = hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return self._content_hash
 
     # -- lookups ------------------------------------------------------------------------------
     # The indexes are read from ``__pydantic_private__`` directly: ``self._x`` on a pydantic

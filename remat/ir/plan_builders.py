@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from remat.ir.errors import InvalidPlanError
-from remat.ir.graph import Graph
+from remat.ir.graph import STATIC_KINDS, Graph
 from remat.ir.plan import Plan, Step
 
 
@@ -68,6 +68,16 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
     """
     nodes = graph.nodes
     keep_set = set(keep)
+    # Plain sets: the graph's lookups go through pydantic's private attributes, which cost
+    # microseconds per call, and this loop makes thousands.
+    required = frozenset(graph.required)
+    freeable = frozenset(
+        v.id
+        for v in graph.values
+        if v.kind != "input"
+        and v.kind not in STATIC_KINDS
+        and v.id not in required  # a required gradient is static, any other required is kept
+    )
     for n in nodes:
         if not n.recomputable:
             keep_set.update(n.outputs)
@@ -110,7 +120,7 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         for n in nodes
         if n.phase == "forward" and not n.recomputable
         for o in n.outputs
-        if _freeable(graph, o)
+        if o in freeable
     }
 
     steps: list[Step] = []
@@ -124,20 +134,17 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         """Read directly by a node after position ``pos`` (in the unmodified order), or held
         for a recomputation (see ``hold``)."""
         return (
-            graph.is_required(v)
-            or fwd_last.get(v, -1) > pos
-            or last_bwd(v) > pos
-            or hold.get(v, -1) > pos
+            v in required or fwd_last.get(v, -1) > pos or last_bwd(v) > pos or hold.get(v, -1) > pos
         )
 
     for i, n in enumerate(nodes):
         if n.phase == "forward":
             steps.append(Step(op="compute", id=n.id))
-            resident.update(o for o in n.outputs if _freeable(graph, o))
+            resident.update(o for o in n.outputs if o in freeable)
             for v in (*n.inputs, *n.outputs):
                 if v not in resident:
                     continue
-                if fwd_last.get(v, -1) > i or graph.is_required(v):
+                if fwd_last.get(v, -1) > i or v in required:
                     continue
                 if v in keep_set and max(last_bwd(v), hold.get(v, -1)) > i:
                     continue
@@ -145,11 +152,11 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
             continue
 
         # Backward node: bring back what it reads, then run it.
-        missing = [x for x in n.inputs if _needs_recompute(graph, x, resident)]
+        missing = [x for x in n.inputs if (x not in resident and x in freeable)]
         if missing:
-            _recompute(graph, missing, resident, steps, i, needed_later)
+            _recompute(graph, missing, resident, steps, i, needed_later, freeable)
         steps.append(Step(op="compute", id=n.id))
-        resident.update(o for o in n.outputs if _freeable(graph, o))
+        resident.update(o for o in n.outputs if o in freeable)
         for v in (*n.inputs, *n.outputs):
             if v in resident and not needed_later(v, i):
                 free(v)
@@ -159,10 +166,6 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
     return Plan(steps=tuple(steps))
 
 
-def _needs_recompute(graph: Graph, v: str, resident: set[str]) -> bool:
-    return v not in resident and _freeable(graph, v)
-
-
 def _recompute(
     graph: Graph,
     missing: list[str],
@@ -170,6 +173,7 @@ def _recompute(
     steps: list[Step],
     pos: int,
     needed_later: Callable[[str, int], bool],
+    freeable: frozenset[str],
 ) -> None:
     """Recompute ``missing`` values from what is resident, in graph order, freeing as it goes."""
     todo: set[int] = set()
@@ -187,7 +191,7 @@ def _recompute(
         if p in todo:
             continue
         todo.add(p)
-        stack.extend(x for x in node.inputs if _needs_recompute(graph, x, resident))
+        stack.extend(x for x in node.inputs if (x not in resident and x in freeable))
     order = sorted(todo)
     # Remaining reads of each value inside this batch.
     batch_reads: dict[str, int] = {}
@@ -198,7 +202,7 @@ def _recompute(
         node = graph.nodes[p]
         steps.append(Step(op="compute", id=node.id))
         for o in node.outputs:
-            if _freeable(graph, o):
+            if o in freeable:
                 resident.add(o)
         for x in node.inputs:
             batch_reads[x] -= 1

@@ -79,7 +79,10 @@ class SolveResult(BaseModel):
     ``overhead`` the relative extra time over it. ``lower_bound_s`` is a proven lower bound on
     the time of any plan within the budget when the method proves one, and ``gap`` is
     ``total_time_s / lower_bound_s - 1``. For ``infeasible``, ``min_budget_bytes`` is the
-    smallest budget the method found to work and ``plan`` (if any) is the plan that reaches it.
+    smallest budget the method found to work and ``plan`` (if any) is the plan that reaches it
+    (``auto`` and :func:`remat.frontier`: the smallest plan any method found for the graph), and
+    ``min_budget_lower_bytes`` a proven lower bound on the peak of every plan (static bytes,
+    inputs and the largest working set of any single node).
     ``solver`` names the method that made the plan.
 
     The figures' fields are also readable on the result itself (``result.peak_bytes``), as
@@ -98,6 +101,7 @@ class SolveResult(BaseModel):
     lower_bound_s: float | None = None
     gap: float | None = None
     min_budget_bytes: int | None = None
+    min_budget_lower_bytes: int | None = None
     solve_time_s: float = 0.0
     message: str = ""
 

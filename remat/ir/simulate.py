@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from remat.ir.errors import InvalidPlanError
-from remat.ir.graph import Graph
+from remat.ir.graph import STATIC_KINDS, Graph
 from remat.ir.plan import Plan
 
 _ON_DEVICE = 1
@@ -107,7 +107,13 @@ def simulate(
         raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
 
     size = {v.id: v.size_bytes for v in graph.values}
-    static = {v.id for v in graph.values if graph.is_static(v.id)}
+    node_of = {n.id: n for n in graph.nodes}  # plain dicts: graph lookups cost microseconds
+    required = frozenset(graph.required)
+    static = {
+        v.id
+        for v in graph.values
+        if v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in required)
+    }  # as Graph.is_static, without a lookup per value
     inputs = {v.id for v in graph.values if v.kind == "input"}
 
     state: dict[str, int] = dict.fromkeys(inputs, _ON_DEVICE)
@@ -151,9 +157,9 @@ def simulate(
     for i, step in enumerate(plan.steps):
         op, sid = step.op, step.id
         if op == "compute":
-            if not graph.has_node(sid):
+            node = node_of.get(sid)
+            if node is None:
                 raise fail(i, f"unknown node {sid!r}")
-            node = graph.node(sid)
             start = t_c
             for x in node.inputs:
                 if x in static:
@@ -193,7 +199,7 @@ def simulate(
                 recompute_time += node.time_s
                 recompute_flops += node.flops
         elif op == "free":
-            _check_value(graph, sid, static, inputs, fail, i)
+            _check_value(size, sid, static, inputs, fail, i)
             release_until(t_c)
             st = state.get(sid)
             if st != _ON_DEVICE:
@@ -203,7 +209,7 @@ def simulate(
             cur -= size[sid]
             during = cur
         elif op == "offload":
-            _check_value(graph, sid, static, inputs, fail, i)
+            _check_value(size, sid, static, inputs, fail, i)
             release_until(t_c)
             if state.get(sid) != _ON_DEVICE:
                 raise fail(i, f"offloads value {sid!r}, which is not on the device")
@@ -224,7 +230,7 @@ def simulate(
                 release_until(t_c)
             during = cur
         elif op == "prefetch":
-            _check_value(graph, sid, static, inputs, fail, i)
+            _check_value(size, sid, static, inputs, fail, i)
             release_until(t_c)
             if sid not in host_ready:
                 raise fail(i, f"prefetches value {sid!r}, which was never offloaded")
@@ -293,14 +299,14 @@ def simulate(
 
 
 def _check_value(
-    graph: Graph,
+    size: dict[str, int],
     sid: str,
     static: set[str],
     inputs: set[str],
     fail: Callable[[int, str], InvalidPlanError],
     i: int,
 ) -> None:
-    if not graph.has_value(sid):
+    if sid not in size:
         raise fail(i, f"unknown value {sid!r}")
     if sid in static:
         raise fail(i, f"value {sid!r} is static (parameter, buffer or parameter gradient)")

@@ -160,7 +160,11 @@ def verdict(result: Any, max_overhead: float | None) -> Verdict:
     budget = format_bytes(result.budget_bytes)
     if not result.fits:
         need = result.min_budget_bytes
-        found = f" (smallest found: {format_bytes(need)})" if need is not None else ""
+        lower = getattr(result, "min_budget_lower_bytes", None)
+        notes = ([f"smallest found: {format_bytes(need)}"] if need is not None else []) + (
+            [f"no plan can peak below {format_bytes(lower)}"] if lower is not None else []
+        )
+        found = f" ({'; '.join(notes)})" if notes else ""
         return Verdict(False, f"no plan fits {budget}{found}")
     overhead = result.overhead or 0.0
     if max_overhead is not None and overhead > max_overhead:

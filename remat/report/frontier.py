@@ -83,13 +83,13 @@ def compute_frontier(
     on_start: Callable[[int, int, str, BudgetSpec], None] | None = None,
     solve_options: dict[str, Any] | None = None,
 ) -> list[FrontierPoint]:
-    """Solve ``graph`` with each solver at each budget.
+    """Solve ``graph`` with each solver at each budget (one :func:`remat.frontier` per solver).
 
     A solver that does not apply to the graph (a chain method on a DAG it cannot view as a
     chain) contributes an ``error`` point with its message instead of stopping the frontier.
-    ``on_start(index, total, solver, budget)`` is called before each solve and
-    ``on_point(done, total, point)`` after it. ``solve_options`` go to every
-    call of :func:`remat.solver.solve` (for example a progress callback).
+    ``on_start(index, total, solver, budget)`` is called before each solver's frontier and
+    ``on_point(done, total, point)`` after each point. ``solve_options`` go to every
+    :func:`remat.frontier` call (the solver's options, or ``progress``: a callback).
 
     Raises
     ------
@@ -104,22 +104,40 @@ def compute_frontier(
     total = len(resolved) * len(solvers)
     points: list[FrontierPoint] = []
     for name in solvers:
-        for spec, budget_bytes in resolved:
-            if on_start is not None:
-                on_start(len(points), total, name, spec)
-            try:
-                r = registry.solve(
-                    graph,
-                    budget_bytes,
-                    solver=name,
-                    time_limit_s=time_limit_s,
-                    **(solve_options or {}),
-                )
-                point = point_from_result(spec, r)
-            except (RematError, ValueError) as exc:
-                point = FrontierPoint(
+        # One remat.frontier per solver: budgets share their plans, so the time never rises
+        # with the budget and spare room is spent (see remat.solver.frontier).
+        # budgets are solved in increasing order of bytes, each distinct one once
+        order = sorted({b for _, b in resolved})
+        spec_of = {b: spec for spec, b in reversed(resolved)}
+
+        def next_budget(
+            done: int, name: str = name, order: list[int] = order, spec_of: Any = spec_of
+        ) -> None:
+            if on_start is not None and done < len(order):
+                on_start(len(points) + done, total, name, spec_of[order[done]])
+
+        next_budget(0)
+        try:
+            fr = registry.frontier(
+                graph,
+                [b for _, b in resolved],
+                solver=name,
+                time_limit_s=time_limit_s,
+                on_point=next_budget,
+                **(solve_options or {}),
+            )
+            row = [
+                point_from_result(spec, r)
+                for (spec, _), r in zip(resolved, fr.results, strict=True)
+            ]
+        except (RematError, ValueError) as exc:
+            row = [
+                FrontierPoint(
                     solver=name, budget=str(spec), budget_bytes=budget_bytes, status=f"error: {exc}"
                 )
+                for spec, budget_bytes in resolved
+            ]
+        for point in row:
             points.append(point)
             if on_point is not None:
                 on_point(len(points), total, point)

@@ -36,9 +36,11 @@ from remat.solver.base import (
     info,
     register,
 )
+from remat.solver.frontier import Frontier, frontier
 from remat.solver.problem import Problem, ProgressCallback
 
 __all__ = [
+    "Frontier",
     "InvalidOptionError",
     "PlanFigures",
     "Problem",
@@ -50,6 +52,7 @@ __all__ = [
     "available",
     "baselines",
     "default_solver",
+    "frontier",
     "get",
     "info",
     "register",

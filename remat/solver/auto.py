@@ -5,8 +5,8 @@
 2. A lower bound valid over the whole recompute-only class at any size
    (:func:`remat.solver.bounds.best_bound`: the knapsack relaxations at cuts of the step, the
    exact model's LP on small graphs), on a tenth of the time.
-3. Fast heuristics and chain DPs (Chen's greedy, ``checkpoint-all``, ``rotor``; ``pofo`` when
-   offloading is allowed), each a fraction of a second to a few seconds.
+3. Fast heuristics and chain DPs, cheapest first (``checkpoint-all``, Chen's greedy, ``rotor``;
+   ``pofo`` when offloading is allowed), each a fraction of a second to a few seconds.
 4. Graphs of up to :data:`MILP_MAX_NODES` nodes: ``hierarchical`` and ``lp-round``, then the
    exact MILP (``milp``) with the time left, started from the plans found. Larger graphs, where
    the whole-graph MILP does not fit the time: ``hierarchical`` with the time left (blocks
@@ -20,6 +20,17 @@ lies below the plan found, and never less than the eager time; ``gap`` is measur
 whole schedule class. Plans that offload (``pofo``) are only tried with ``offload=True``, since
 they need an executor with a copy stream (and then only the eager bound holds).
 
+Early stop: after every method, when the best plan is within ``gap_tolerance`` (default 1%) of
+the best proven bound (step 2's, the eager time, the LP value or a dual bound a method proved),
+``auto`` returns it without running the rest; the MILP itself stops at that gap. Easy graphs
+therefore answer in a second or two, and the time limit is spent only where the gap is open.
+
+When no method fits the budget, the answer is the smallest plan known for the graph (found by
+any method at any budget in this process, :mod:`remat.solver.known`), after a short search below
+it (:func:`remat.solver.minbudget.squeeze`, a quarter of the time limit at most), with its peak
+as ``min_budget_bytes`` and the proven lower bound on any plan's peak as
+``min_budget_lower_bytes``.
+
 References
 ----------
 See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumont et al. 2021
@@ -28,6 +39,7 @@ See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumon
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -35,10 +47,12 @@ from pydantic import Field
 
 from remat.ir import Plan
 from remat.ir.result import Progress, SolveResult, best_result, speed_key
+from remat.solver import known
 from remat.solver.base import SolverOptions, info, register
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
+from remat.solver.minbudget import squeeze
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 600
@@ -46,11 +60,20 @@ MILP_MAX_NODES = 600
 of a minute (its model grows as the square of the nodes: 1,259 nodes took 149 s); ``auto``
 gives the time to ``hierarchical`` instead."""
 
+DEFAULT_GAP_TOLERANCE = 0.01
+"""``auto`` stops once its plan is within 1% of its best proven bound."""
+
 
 class AutoOptions(SolverOptions):
     """Options of ``auto``."""
 
     offload: bool = Field(False, description="Also try pofo (plans that offload to the host).")
+    gap_tolerance: float = Field(
+        DEFAULT_GAP_TOLERANCE,
+        ge=0.0,
+        le=1.0,
+        description="Stop once the plan is within this relative gap of the proven bound.",
+    )
 
 
 @register(
@@ -59,7 +82,12 @@ class AutoOptions(SolverOptions):
     summary="Best of heuristics, chain DPs and the MILP within time",
     options=AutoOptions,
 )
-def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
+def solve_auto(
+    problem: Problem,
+    *,
+    offload: bool = False,
+    gap_tolerance: float = DEFAULT_GAP_TOLERANCE,
+) -> SolveResult:
     """Run the solvers that suit the graph within the time limit (default 60 s) and return
     the best plan found with the best lower bound known (see the module docstring).
 
@@ -72,6 +100,9 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
     offload
         Also try ``pofo`` (offloading to host memory), whose plans move data over the host
         link and need an executor that supports it.
+    gap_tolerance
+        Stop as soon as the best plan is within this relative gap of the best proven lower
+        bound (``0``: run every method; ``0.01``: 1%, the default).
     """
     t0 = time.perf_counter()
     if problem.time_limit_s is None:
@@ -134,11 +165,24 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
         deadline=Deadline(problem.deadline).share(0.1),
         offload=offload,
     )
+    proven = [bound.time_s]
+
+    def close_enough() -> bool:
+        best = best_result(results)
+        if best is None or not best.fits or best.figures is None:
+            return False
+        lb = _bound(results, base, proven, below=best.figures.total_time_s)
+        return best.figures.total_time_s <= lb * (1 + gap_tolerance)
+
     exact_fits = graph.num_nodes <= MILP_MAX_NODES
-    quick = ["chen-greedy", "checkpoint-all", "rotor"] + (["pofo"] if offload else [])
+    quick = ["checkpoint-all", "chen-greedy", "rotor"] + (["pofo"] if offload else [])
     if exact_fits:
         quick += ["hierarchical", "lp-round"]  # lp-round's roundings reach outside the window
+    stopped = False
     for name in quick:
+        if close_enough():
+            stopped = True
+            break
         if problem.time_left_s() <= 0 and len(results) > 1:
             break
         share = max(0.1, min(problem.time_left_s(), 0.25 * limit))
@@ -147,43 +191,85 @@ def solve_auto(problem: Problem, *, offload: bool = False) -> SolveResult:
             run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
         else:
             run(name, share)
-    if exact_fits and problem.time_left_s() > 0.2:
-        run("milp", max(0.1, problem.time_left_s()), start_plans=_plans(results))
-    elif not exact_fits and problem.time_left_s() > 0.2:
+    stopped = stopped or close_enough()
+    if not stopped and exact_fits and problem.time_left_s() > 0.2:
+        run(
+            "milp",
+            max(0.1, problem.time_left_s()),
+            start_plans=_plans(results),
+            gap_tolerance=gap_tolerance,
+        )
+    elif not stopped and not exact_fits and problem.time_left_s() > 0.2:
         # the whole-graph MILP does not fit the time: blocks solved exactly, DP across them
         rotor_plans = _plans(results, fitting_only=False, only="rotor")
         run("hierarchical", max(0.1, problem.time_left_s()), start_plans=rotor_plans)
+    tried = ", ".join(r.solver for r in results)
     best = best_result(results)
     assert best is not None
     if not best.fits:
-        # the smallest peak any method reached is the smallest budget known to work
-        return best.model_copy(
-            update={
-                "solver": "auto",
-                "status": "infeasible",
-                "min_budget_bytes": best.peak_bytes,
-                "message": f"no method fits the budget; smallest peak from {best.solver}",
-                "solve_time_s": time.perf_counter() - t0,
-            }
-        )
+        return _smallest_known(problem, results, t0, limit, tried)
     assert best.plan is not None and best.figures is not None
     best_time = best.figures.total_time_s
-    bounds = [base, min(bound.time_s, best_time)] + [
-        r.lower_bound_s
-        for r in results
-        if r.lower_bound_s is not None and r.lower_bound_s <= best_time * (1 + 1e-9)
-    ]
-    lb = max(bounds)
-    proven = best_time <= lb * (1 + 1e-9)
+    lb = _bound(results, base, proven, below=best_time)
+    is_optimal = best_time <= lb * (1 + 1e-9)
     gap = max(0.0, best_time / lb - 1) if lb > 0 else None
-    tried = ", ".join(r.solver for r in results)
+    early = " (within gap_tolerance of its bound: stopped early)" if stopped else ""
     return best.model_copy(
         update={
             "solver": "auto",
-            "status": "optimal" if proven else "feasible",
+            "status": "optimal" if is_optimal else "feasible",
             "lower_bound_s": lb,
             "gap": gap,
-            "message": f"best plan from {best.solver}; tried {tried}",
+            "message": f"best plan from {best.solver}; tried {tried}{early}",
+            "solve_time_s": time.perf_counter() - t0,
+        }
+    )
+
+
+def _bound(
+    results: list[SolveResult], base: float, proven: list[float], *, below: float = math.inf
+) -> float:
+    """The best proven lower bound on the time of any plan within the budget: the eager time,
+    the whole-class bounds in ``proven`` and the bounds the methods proved. A bound above
+    ``below`` (the plan's time) is of a narrower class than that plan's: the methods' are left
+    out, the whole-class ones are capped at it."""
+    return max(
+        [base]
+        + [min(p, below) for p in proven]
+        + [
+            r.lower_bound_s
+            for r in results
+            if r.lower_bound_s is not None and r.lower_bound_s <= below * (1 + 1e-9)
+        ]
+    )
+
+
+def _smallest_known(
+    problem: Problem,
+    results: list[SolveResult],
+    t0: float,
+    limit: float,
+    tried: str,
+) -> SolveResult:
+    """No method fits: the smallest plan known for the graph, after a short search below it."""
+    graph = problem.graph
+    share = min(max(0.0, problem.time_left_s()), 0.25 * limit)
+    if share > 0.2:
+        squeeze(graph, problem.budget_bytes, time_limit_s=share)
+    low = known.smallest(graph)
+    best = best_result(results)
+    assert best is not None
+    if low is not None and (best.peak_bytes is None or low.peak_bytes < best.peak_bytes):
+        best = problem.result(low.plan, solver=low.solver, started=t0)
+    lower = known.min_budget_lower_bytes(graph)
+    return best.model_copy(
+        update={
+            "solver": "auto",
+            "status": "infeasible",
+            "min_budget_bytes": best.peak_bytes,
+            "min_budget_lower_bytes": lower,
+            "message": f"no method fits the budget; smallest plan known from {best.solver} "
+            f"(tried {tried}); no plan can peak below {lower} bytes",
             "solve_time_s": time.perf_counter() - t0,
         }
     )

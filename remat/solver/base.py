@@ -17,9 +17,14 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from remat.ir import Graph, SolverUnavailableError
+from remat.ir import Graph, Plan, SolverUnavailableError, simulate
 from remat.ir.result import SolveResult, Status
-from remat.solver.problem import Problem, baseline_time_s
+from remat.solver.problem import (
+    Problem,
+    ProgressCallback,
+    baseline_time_s,
+    result_from_simulation,
+)
 
 SolverKind = Literal["baseline", "chain", "dag", "meta"]
 
@@ -45,7 +50,13 @@ class Solver(Protocol):
     """What :func:`get` returns: a solver called with a graph and a budget in bytes."""
 
     def __call__(
-        self, graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, **options: Any
+        self,
+        graph: Graph,
+        budget_bytes: int,
+        *,
+        time_limit_s: float | None = None,
+        progress: ProgressCallback | None = None,
+        **options: Any,
     ) -> SolveResult: ...
 
 
@@ -211,8 +222,9 @@ def default_solver() -> str:
 
 
 def get(name: str) -> Solver:
-    """The solver registered as ``name`` as a call on a graph and a budget in bytes; the
-    options are checked before any work, then the :class:`Problem` is built."""
+    """The solver registered as ``name`` as a call on a graph and a budget in bytes (and
+    ``progress``, a callback for its reports); the options are checked before any work, then
+    the :class:`Problem` is built."""
     si = info(name)
 
     def run(
@@ -220,13 +232,49 @@ def get(name: str) -> Solver:
         budget_bytes: int,
         *,
         time_limit_s: float | None = None,
+        progress: ProgressCallback | None = None,
         **options: Any,
     ) -> SolveResult:
         checked = si.check_options(options)
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an integer >= 0, got {budget_bytes!r}")
-        return si.fn(Problem.build(graph, budget_bytes, time_limit_s=time_limit_s), **checked)
+        problem = Problem.build(
+            graph, budget_bytes, time_limit_s=time_limit_s, on_progress=progress
+        )
+        return si.fn(problem, **checked)
 
     run.__name__ = f"solve_{name.replace('-', '_')}"
     run.__doc__ = si.fn.__doc__
     return run
+
+
+# -- helpers for solver authors -------------------------------------------------------------------
+
+
+def result_from_plan(
+    graph: Graph,
+    budget_bytes: int,
+    plan: Plan,
+    *,
+    solver: str,
+    started: float,
+    status: Status | None = None,
+    lower_bound_s: float | None = None,
+    message: str = "",
+    host_bandwidth_bytes_per_s: float | None = None,
+) -> SolveResult:
+    """Simulate ``plan`` and wrap the simulator's figures in a :class:`SolveResult` (for code
+    without a :class:`Problem`; solvers use :meth:`Problem.result`)."""
+    sim = simulate(graph, plan, host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s)
+    return result_from_simulation(
+        graph,
+        budget_bytes,
+        plan,
+        sim,
+        solver=solver,
+        started=started,
+        status=status,
+        lower_bound_s=lower_bound_s,
+        message=message,
+        record=host_bandwidth_bytes_per_s is None,
+    )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from remat.ir import Graph, Plan, Simulation, eager_plan, parse_budget, simulate
 from remat.ir.budget import BudgetSpec, fraction_bytes
 from remat.ir.result import PlanFigures, Progress, SolveResult, Status, best_result
+from remat.solver import known
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -47,12 +48,18 @@ def result_from_simulation(
     status: Status | None = None,
     lower_bound_s: float | None = None,
     message: str = "",
+    record: bool = True,
 ) -> SolveResult:
     """Wrap the simulator's figures for ``plan`` in a :class:`SolveResult`.
 
     ``status`` defaults to ``feasible``; a plan whose simulated peak exceeds the budget is
-    reported ``infeasible`` with ``min_budget_bytes`` set to its peak, whatever was asked.
+    reported ``infeasible`` with ``min_budget_bytes`` set to its peak, whatever was asked, and
+    ``min_budget_lower_bytes`` set to the proven lower bound on any plan's peak. ``record``
+    (when ``sim`` used the graph's own host bandwidth) remembers the plan in
+    :mod:`remat.solver.known`, so no later answer reports a minimum budget above it.
     """
+    if record:
+        known.record(graph, plan, sim.peak_bytes, solver)
     base = baseline_time_s(graph)
     st: Status = status or "feasible"
     min_budget = None
@@ -73,6 +80,7 @@ def result_from_simulation(
         lower_bound_s=lower_bound_s,
         gap=gap,
         min_budget_bytes=min_budget,
+        min_budget_lower_bytes=known.min_budget_lower_bytes(graph) if min_budget else None,
         solve_time_s=time.perf_counter() - started,
         message=message,
     )
@@ -218,6 +226,7 @@ class Problem:
             status=status,
             lower_bound_s=lower_bound_s,
             message=message,
+            record=host_bandwidth_bytes_per_s is None,
         )
 
     def no_plan(
@@ -236,6 +245,7 @@ class Problem:
             budget_bytes=self.budget_bytes,
             baseline_time_s=self.baseline_time_s,
             min_budget_bytes=min_budget_bytes,
+            min_budget_lower_bytes=known.min_budget_lower_bytes(self.graph),
             solve_time_s=time.perf_counter() - started,
             message=message,
         )

@@ -3,12 +3,14 @@ that imports torch).
 
 Public API
 ----------
-``trace(model, example_inputs, loss_fn=None, *, cost="flops", optimizer=None,
+``trace(model, example_inputs, loss_fn=None, *, cost=None, optimizer=None,
 require_real=False, target=None)``
-    One training step as a validated, costed ``Graph``. ``cost`` is ``"flops"``, ``"measure"``,
-    a :class:`~remat.ir.DeviceProfile` or a profile name (``"cpu"``, ``"a100"``, ``"h100"``,
-    ``"h200"``). ``target="cuda"`` mirrors the CUDA eager step (fused dropout and attention)
-    to plan a GPU's memory; the default mirrors the CPU step that the executors run.
+    One training step as a validated, costed ``Graph``. ``cost`` is None (default: the
+    roofline of the target device, the measured local CPU unless ``target`` names a GPU
+    profile), ``"measure"``, ``"flops"``, a :class:`~remat.ir.DeviceProfile` or a profile name
+    (``"cpu"``, ``"a100"``, ``"h100"``, ``"h200"``). ``target="cuda"`` (or a GPU profile name)
+    mirrors the CUDA eager step (fused dropout and attention) to plan a GPU's memory; the
+    default mirrors the CPU step that the executors run.
 ``trace_spec("MODULE:FUNCTION", *, cost=...)``
     Imports ``MODULE`` (dotted name or ``.py`` path), calls ``FUNCTION()``, which returns
     ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``, and traces it. The CLI's

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from remat.ir import DeviceProfile, Graph
+from remat.ir.devices import get_profile
 from remat.tracer.capture import Capture, LossFn, TraceError, capture
 from remat.tracer.costs import Cost, apply_costs, resolve_cost
 
@@ -21,7 +22,7 @@ def trace(
     example_inputs: Any,
     loss_fn: LossFn | None = None,
     *,
-    cost: Cost = "flops",
+    cost: Cost | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     require_real: bool = False,
     target: str | None = None,
@@ -38,8 +39,11 @@ def trace(
         ``loss_fn(output) -> scalar loss`` (targets closed over); None when the model returns
         the loss itself.
     cost
-        ``"flops"`` (default), ``"measure"``, a :class:`~remat.ir.DeviceProfile` or a profile
-        name (``"cpu"``, ``"a100"``, ``"h100"``, ``"h200"``); see :mod:`remat.tracer.costs`.
+        None (default): the roofline of the device the step targets (the measured local CPU
+        for ``target="cpu"``, the named profile for ``target="h100"``...); or ``"measure"``,
+        ``"flops"`` (FLOPs only: element-wise ops cost 0), a :class:`~remat.ir.DeviceProfile`
+        or a profile name (``"cpu"``, ``"a100"``, ``"h100"``, ``"h200"``); see
+        :mod:`remat.tracer.costs`.
     optimizer
         When given, its state (real, or the state one step would create) is added to
         ``static_bytes``.
@@ -48,10 +52,12 @@ def trace(
         model on the meta device traces too); ``require_real=True`` checks that the model's
         tensors are real.
     target
-        Whose eager step the graph mirrors: ``"cpu"`` (default) or ``"cuda"`` (see
-        :func:`remat.tracer.capture`). Pass ``"cuda"`` with a GPU cost profile to plan a GPU's
-        memory (fused dropout and attention); keep ``"cpu"`` for a plan that the executors run
-        on this machine, since they capture the CPU step and node ids must match.
+        Whose eager step the graph mirrors: ``"cpu"`` (default), ``"cuda"`` (see
+        :func:`remat.tracer.capture`), or a GPU profile name (``"a100"``, ``"h100"``,
+        ``"h200"``), which captures the CUDA step and makes that profile the default cost. Use
+        a GPU target to plan a GPU's memory (fused dropout and attention); keep ``"cpu"`` for a
+        plan that the executors run on this machine, since they capture the CPU step and node
+        ids must match.
 
     Returns
     -------
@@ -80,14 +86,15 @@ def trace_capture(
     example_inputs: Any,
     loss_fn: LossFn | None = None,
     *,
-    cost: Cost = "flops",
+    cost: Cost | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     require_real: bool = False,
     target: str | None = None,
 ) -> Capture:
     """As :func:`trace`, but return the whole :class:`Capture` (its ``graph`` is costed)."""
-    resolved = resolve_cost(cost)
-    cap = capture(model, example_inputs, loss_fn, require_real=require_real, target=target or "cpu")
+    device, capture_target = _target(target)
+    resolved = resolve_cost(cost, device)
+    cap = capture(model, example_inputs, loss_fn, require_real=require_real, target=capture_target)
     graph = apply_costs(cap, resolved, model=model, example_inputs=example_inputs)
     if optimizer is not None:
         extra = optimizer_state_bytes(optimizer, model)
@@ -101,6 +108,21 @@ def trace_capture(
         )
     cap.graph = graph
     return cap
+
+
+def _target(target: str | None) -> tuple[str, str]:
+    """(device whose roofline is the default cost, the step ``capture`` mirrors)."""
+    if target is None or target.lower() == "cpu":
+        return "cpu", "cpu"
+    if target.lower() == "cuda":
+        return "cuda", "cuda"
+    try:
+        get_profile(target)
+    except ValueError:
+        raise ValueError(
+            f"target must be 'cpu', 'cuda' or a GPU profile name (a100, h100, h200), got {target!r}"
+        ) from None
+    return target, "cuda"
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer, model: nn.Module) -> int:
@@ -198,7 +220,7 @@ def load_spec(spec: str) -> tuple[nn.Module, Any, LossFn | None]:
 
 
 def trace_spec(
-    spec: str, *, cost: Cost = "flops", require_real: bool = False, target: str | None = None
+    spec: str, *, cost: Cost | None = None, require_real: bool = False, target: str | None = None
 ) -> Graph:
     """Load ``MODULE:FUNCTION`` (see :func:`load_spec`) and :func:`trace` what it returns."""
     model, inputs, loss_fn = load_spec(spec)

@@ -13,7 +13,7 @@ from examples.models import build_gpt, build_mlp, build_resnet
 from remat.ir import DeviceProfile, get_profile
 from remat.ir.devices import roofline_time_s
 from remat.tracer import capture, cpu_profile, node_flops, resolve_cost, trace, trace_capture
-from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved
+from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved, op_class
 
 aten = torch.ops.aten
 
@@ -136,3 +136,104 @@ def test_measure_needs_a_real_model() -> None:
     )
     with pytest.raises(ValueError, match="meta"):
         trace(model, inputs, loss_fn, cost="measure")
+
+
+# -- the default cost model: the local device's roofline ----------------------------------------
+
+
+def _toy_profile() -> DeviceProfile:
+    return DeviceProfile(
+        name="toy",
+        peak_flops_per_s={"float32": 1e11},
+        memory_bandwidth_bytes_per_s=5e10,
+        host_bandwidth_bytes_per_s=5e10,
+        op_overhead_s=2e-6,
+        op_bandwidth_bytes_per_s={"elementwise": 2e10, "transcendental": 4e9, "random": 1e9},
+    )
+
+
+def test_default_cost_is_the_local_cpu_roofline(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    profile = cpu_profile()
+    assert profile.op_overhead_s > 0
+    assert set(profile.op_bandwidth_bytes_per_s) == {
+        "elementwise",
+        "transcendental",
+        "softmax",
+        "norm",
+        "random",
+    }
+    cap = trace_capture(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2))
+    assert cap.graph.device == profile
+    for n in cap.graph.nodes:
+        moved = bytes_moved(cap.node_fx[n.id])
+        expected = roofline_time_s(profile, n.flops, moved, "float32", op_class(n.op))
+        assert n.time_s == pytest.approx(expected)
+        assert n.time_s > 0
+
+
+def test_copies_and_elementwise_ops_cost_bytes_over_bandwidth(monkeypatch) -> None:
+    toy = _toy_profile()
+    cap = trace_capture(
+        *build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2), cost=toy
+    )
+    seen = set()
+    for n in cap.graph.nodes:
+        if n.flops:
+            continue
+        moved = bytes_moved(cap.node_fx[n.id])
+        cls = op_class(n.op)
+        bw = toy.op_bandwidth_bytes_per_s.get(cls, toy.memory_bandwidth_bytes_per_s)
+        assert moved > 0
+        assert n.time_s == pytest.approx(toy.op_overhead_s + moved / bw)
+        seen.add(n.op.split(".")[1])
+    # a copy (clone of a transposed view), element-wise ops and a random draw are among them
+    assert {"clone", "add", "mul", "bernoulli", "gelu"} <= seen
+
+
+def test_op_classes() -> None:
+    assert op_class("aten.add.Tensor") == "elementwise"
+    assert op_class("aten.clone.default") == "elementwise"
+    assert op_class("aten.gelu_backward.default") == "transcendental"
+    assert op_class("aten._safe_softmax.default") == "softmax"
+    assert op_class("aten.native_layer_norm.default") == "norm"
+    assert op_class("aten.bernoulli.p") == "random"
+
+
+@pytest.mark.parametrize("solver", ["none", "checkpoint-all", "rotor", "auto"])
+def test_no_computed_op_of_a_plan_is_free(solver, tmp_path, monkeypatch) -> None:
+    """Under the default cost model every op a plan runs, recomputations included, costs time,
+    so a plan that recomputes is slower than eager."""
+    from remat import solver as solvers
+    from remat.ir import resolve_budget, simulate
+
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    g = trace(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=2, n_heads=2))
+    r = solvers.get(solver)(g, resolve_budget(g, 0.5), time_limit_s=5)
+    assert r.plan is not None
+    for step in r.plan.steps:
+        if step.op == "compute":
+            assert g.node(step.id).time_s > 0, step.id
+    sim = simulate(g, r.plan)
+    if sim.num_recomputes:
+        assert sim.recompute_time_s > 0 and r.overhead is not None and r.overhead > 0
+
+
+def test_a_gpu_target_names_its_profile() -> None:
+    g = trace(*build_mlp(batch=4, in_features=8, hidden=16, depth=1), target="h100")
+    assert g.device == get_profile("h100")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="name the GPU"):
+            trace(*build_mlp(batch=4, in_features=8, hidden=16, depth=1), target="cuda")
+    with pytest.raises(ValueError, match="target must be"):
+        trace(*build_mlp(batch=4, in_features=8, hidden=16, depth=1), target="tpu")
+
+
+def test_profile_rejects_a_negative_overhead_or_bandwidth() -> None:
+    from pydantic import ValidationError
+
+    base = _toy_profile().model_dump()
+    with pytest.raises(ValidationError, match="op_overhead_s"):
+        DeviceProfile.model_validate({**base, "op_overhead_s": -1.0})
+    with pytest.raises(ValidationError, match="op_bandwidth_bytes_per_s"):
+        DeviceProfile.model_validate({**base, "op_bandwidth_bytes_per_s": {"random": 0.0}})
