@@ -102,6 +102,13 @@ class Value(BaseModel):
 
     ``producer`` may be omitted: it is derived from the node that lists the value as an output.
     When given it must agree with that node.
+
+    ``eager_free_after`` (a node id, optional): plain eager PyTorch still holds this storage
+    until that node has run, after the value's last reader (a Python local of the model's
+    ``forward`` that stays bound until the function returns). Only the eager plan
+    (:func:`remat.ir.eager_plan`, the ``none`` solver and the budgets derived from it) frees the
+    value there; every other plan may free it at its last use. It must name a node that does
+    not run before the value's producer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -112,6 +119,7 @@ class Value(BaseModel):
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     producer: str | None = None
+    eager_free_after: str | None = None
 
 
 class Node(BaseModel):
@@ -403,6 +411,21 @@ def _validate(g: Graph) -> None:
             )
         if v.kind not in LEAF_KINDS and v.kind != "buffer" and v.id not in producer:
             raise GraphValidationError(f"value {v.id!r} of kind {v.kind} is produced by no node")
+
+    for v in g.values:
+        if v.eager_free_after is None:
+            continue
+        at = node_index.get(v.eager_free_after)
+        if at is None:
+            raise GraphValidationError(
+                f"value {v.id!r}: eager_free_after names unknown node {v.eager_free_after!r}"
+            )
+        p = producer.get(v.id)
+        if p is not None and at < p:
+            raise GraphValidationError(
+                f"value {v.id!r}: eager_free_after node {v.eager_free_after!r} runs before its "
+                f"producer {g.nodes[p].id!r}"
+            )
 
     consumers: dict[str, list[int]] = {}
     out_of_order: tuple[int, str] | None = None

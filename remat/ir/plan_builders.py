@@ -18,7 +18,9 @@ from remat.ir.plan import Plan, Step
 
 
 def eager_plan(graph: Graph) -> Plan:
-    """Every node once in graph order; each dynamic value freed right after its last reader.
+    """Every node once in graph order; each dynamic value freed right after its last reader,
+    or after the node named by its ``eager_free_after`` when that runs later (where plain
+    eager PyTorch holds it longer, see :class:`remat.ir.Value`).
 
     A value nobody reads (and that is not required) is freed right after it is computed.
     Inputs, static values and required values are never freed.
@@ -35,6 +37,8 @@ def eager_plan(graph: Graph) -> Plan:
         if p is None:
             continue
         at = max(p, last_use.get(v.id, p))
+        if v.eager_free_after is not None:
+            at = max(at, graph.node_position(v.eager_free_after))
         frees_after.setdefault(at, []).append(v.id)
     steps: list[Step] = []
     for i, n in enumerate(graph.nodes):
@@ -58,7 +62,8 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
     keep
         Forward values to keep from their computation until their last backward use. Outputs
         of non-recomputable nodes are always kept. Passing every forward value gives the
-        eager plan.
+        eager plan, except that each value is freed at its last use (``eager_free_after`` is
+        the eager plan's alone).
 
     Raises
     ------

@@ -17,8 +17,11 @@ Two things are done to make the graph mirror the eager step that it replaces:
 * each module's path is recorded on the forward nodes (``meta["nn_module_stack"]``) by global
   module hooks; backward nodes take the module of the forward op with the same ``seq_nr``.
 
-Random draws are then put in eager's memory order (:mod:`remat.tracer.joint_passes`) and the
-joint graph is mapped to the IR by :func:`remat.tracer.fx_to_ir.joint_to_ir`.
+Random draws are then put in eager's memory order and parameter gradients that autograd would
+copy into their parameter's layout are copied in the graph (:mod:`remat.tracer.joint_passes`),
+the joint graph is mapped to the IR by :func:`remat.tracer.fx_to_ir.joint_to_ir`, and where
+eager's Python frames hold forward storages past their last use is measured on a fake replay
+of the forward and recorded on the values (:mod:`remat.tracer.eager_frees`, CPU target).
 
 Fidelity to the eager step
 --------------------------
@@ -28,15 +31,17 @@ residuals, ``nn.MultiheadAttention``, RMSNorm, upsampling, user checkpointing). 
 the C++ composites above; each backward autograd node (ops sharing a ``seq_nr``) holds its
 inputs and its formula's intermediates until its last op, as eager releases them when the node
 returns (functionalized ``copy_`` excepted); CPU loss kernels that keep an input-sized storage
-for their scalar (``mse_loss`` & co). Known differences: an in-place op on an activation is
-functionalized into a new storage, so the IR counts one extra tensor while that op runs; a
-Python local still bound after its last use keeps its tensor alive in eager until ``forward``
-returns, while the IR frees it at its last use; RNNs are traced as unrolled cells, where eager
-CPU runs a fused kernel with its own saved workspace.
+for their scalar (``mse_loss`` & co); ``AccumulateGrad``'s layout copies; Python locals held
+until ``forward`` returns (``Value.eager_free_after``); transformers' mask decided from the
+position ids as eager decides it. Known differences: an in-place op on an activation is
+functionalized into a new storage, so the IR counts one extra tensor while that op runs; the
+loss's incoming gradient (4 bytes) is held from the start; RNNs are traced as unrolled cells,
+where eager CPU runs a fused kernel with its own saved workspace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -49,10 +54,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from remat.ir import Graph
+from remat.tracer.eager_frees import eager_forward_frees, fold_eager_frees, replay_forward
 from remat.tracer.errors import TraceError
 from remat.tracer.fx_to_ir import IrMapping, JointSignature, OutputRole, joint_to_ir
-from remat.tracer.joint_passes import bernoulli_in_memory_order
-from remat.tracer.patches import capture_patches
+from remat.tracer.joint_passes import (
+    bernoulli_in_memory_order,
+    gradients_in_parameter_layout,
+)
+from remat.tracer.patches import capture_patches, single_sequence_positions
 
 __all__ = ["Capture", "LossFn", "TraceError", "capture"]
 
@@ -395,9 +404,10 @@ def capture(
     # aot_function traces on fake tensors in any case (it makes its own FakeTensorMode for real
     # inputs, one that rejects the real tensors a model closes over); ours accepts them.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    single_sequence = single_sequence_positions(example_inputs)
     try:
         with (
-            capture_patches(target=target),
+            capture_patches(target=target, single_sequence=single_sequence),
             mode,
             fx_traceback.preserve_node_meta(),
             modules,
@@ -449,6 +459,7 @@ def capture(
             "buffers and one loss (does the loss alias an intermediate tensor?)"
         )
     bernoulli_in_memory_order(joint)
+    gradients_in_parameter_layout(joint, param_names)
     signature = JointSignature(
         model_name=type(model).__name__,
         param_names=tuple(param_names),
@@ -457,9 +468,18 @@ def capture(
         requires_grad=requires_grad,
         mutated_buffers=tuple(buffer_names[i - P] for i in mutated),
     )
+    mapping = joint_to_ir(joint, signature)
+    if target == "cpu":
+        with capture_patches(target=target, single_sequence=single_sequence):
+            log = replay_forward(model, args[0], args[1], loss_fn)
+        if log is not None:
+            frees = eager_forward_frees(
+                log, joint, mapping.graph, mapping.node_fx, mapping.fx_value
+            )
+            mapping = dataclasses.replace(mapping, graph=fold_eager_frees(mapping.graph, frees))
     return Capture.of(
         joint,
-        joint_to_ir(joint, signature),
+        mapping,
         signature,
         input_spec=input_spec,
         input_constants=input_constants,

@@ -228,7 +228,9 @@ def map_storages(
                 inputs.append(vid)
         phase = phase_of(n)
         seq = n.meta.get("seq_nr")
-        module = module_of(n) if phase == "forward" else seq_module.get(seq, "")
+        module = n.meta.get("remat_module")
+        if module is None:  # a pass's own node names its module (see joint_passes)
+            module = module_of(n) if phase == "forward" else seq_module.get(seq, "")
         ops.append(
             OpRecord(
                 id=n.name,

@@ -10,6 +10,8 @@ same numbers on the same elements as eager, the same storage size, two views mor
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -68,3 +70,122 @@ def bernoulli_in_memory_order(joint: torch.fx.GraphModule) -> int:
     if count:
         joint.recompile()
     return count
+
+
+_CLONE = torch.ops.aten.clone.default
+
+
+def obeys_layout_contract(grad: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether autograd's ``AccumulateGrad`` may keep ``grad`` itself as ``param.grad``.
+
+    The rule of ``torch/csrc/autograd/functions/accumulate_grad.h``: for a dense,
+    non-overlapping parameter the gradient must have the parameter's strides on every dim of
+    size above 1 (and no 0 stride on a size-1 dim); otherwise it must be contiguous. A gradient
+    that breaks it is copied into the parameter's layout, the kernel's own output alive beside
+    the copy until the copy is made."""
+    if _dense(param):
+        for size, gs, ps in zip(grad.shape, grad.stride(), param.stride(), strict=True):
+            if size != 1 and gs != ps:
+                return False
+            if size == 1 and gs == 0:
+                return False
+        return True
+    return grad.is_contiguous()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: the elements fill ``numel`` consecutive slots in some order
+    of the dims (size-1 dims may carry any stride)."""
+    expected = 1
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _layout_of(param: torch.Tensor) -> torch.memory_format | None:
+    """The memory format whose ``clone`` gives ``param``'s strides, or None when none does."""
+    formats = [torch.contiguous_format]
+    if param.dim() == 4:
+        formats.append(torch.channels_last)
+    if param.dim() == 5:
+        formats.append(torch.channels_last_3d)
+    for fmt in formats:
+        if param.is_contiguous(memory_format=fmt):
+            return fmt
+    return None
+
+
+def gradients_in_parameter_layout(joint: torch.fx.GraphModule, param_names: list[str]) -> list[str]:
+    """Copy each parameter gradient that autograd would copy into the parameter's layout.
+
+    Eager ``loss.backward()`` hands each parameter's gradient to ``AccumulateGrad``, which keeps
+    it as ``.grad`` only when it obeys the layout contract (:func:`obeys_layout_contract`); a
+    gradient made in another layout (the channels-last weight gradient of a strided convolution
+    on a channels-last input) is copied, and the kernel's output is freed once the copy exists.
+    The joint graph returns the kernel's output as the gradient. This pass inserts the copy
+    (``clone`` in the parameter's memory format) right after the op that makes the gradient
+    and returns it instead: the kernel's output becomes a transient backward value, the copy the
+    parameter's gradient, as in eager; and the gradients remat's executor hands back to
+    autograd obey the contract, so autograd keeps them without a copy of its own. The copy has
+    no ``seq_nr``: autograd runs ``AccumulateGrad`` after the producing node has returned and
+    released what it saved; its module (``meta["remat_module"]``) is the parameter's. Returns
+    the names of the parameters whose gradients are copied.
+    """
+    out_node = next(n for n in reversed(joint.graph.nodes) if n.op == "output")
+    outs = list(out_node.args[0])
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    num_grads = len(placeholders) - 1  # one tangent, one gradient slot per primal
+    first = len(outs) - num_grads
+    copied: list[str] = []
+    for k, pname in enumerate(param_names):
+        g = outs[first + k]
+        if not isinstance(g, torch.fx.Node):
+            continue
+        g_val = g.meta.get("val")
+        p_val = placeholders[k].meta.get("val")
+        if not isinstance(g_val, torch.Tensor) or not isinstance(p_val, torch.Tensor):
+            continue
+        if g_val.shape != p_val.shape or obeys_layout_contract(g_val, p_val):
+            continue
+        fmt = _layout_of(p_val)
+        if fmt is None:
+            continue
+        # After the op that makes the gradient, and after every element taken from it.
+        src = g.args[0] if g.target is operator.getitem else g
+        after = g
+        if isinstance(src, torch.fx.Node):
+            for u in src.users:
+                if u.target is operator.getitem and _before(after, u):
+                    after = u
+        mode = getattr(g_val, "fake_mode", None)
+        with mode if mode is not None else torch.no_grad():
+            copy_val = torch.empty_strided(
+                tuple(p_val.shape), tuple(p_val.stride()), dtype=g_val.dtype, device=g_val.device
+            )
+        with joint.graph.inserting_after(after):
+            copy = joint.graph.call_function(_CLONE, (g,), {"memory_format": fmt})
+        copy.meta.update(
+            {key: x for key, x in g.meta.items() if key not in ("val", "seq_nr", "stack_trace")}
+        )
+        copy.meta["val"] = copy_val
+        copy.meta["partitioner_tag"] = "is_backward"
+        copy.meta["remat_module"] = pname.rpartition(".")[0]
+        outs[first + k] = copy
+        copied.append(pname)
+    if copied:
+        out_node.args = (type(out_node.args[0])(outs), *out_node.args[1:])
+        joint.recompile()
+    return copied
+
+
+def _before(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Whether node ``a`` comes before ``b`` in its graph."""
+    n = a.next
+    while n.op != "root":
+        if n is b:
+            return True
+        n = n.next
+    return False

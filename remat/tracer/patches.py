@@ -111,8 +111,32 @@ def allow_fake_constants() -> Iterator[None]:
         dynamo_utils.assert_no_fake_params_or_buffers = saved
 
 
+def single_sequence_positions(example_inputs: Any) -> bool | None:
+    """What transformers' eager ``find_packed_sequence_indices`` decides for these inputs:
+    True when each batch row is one sequence (it returns None and the causal mask can be left
+    to attention's ``is_causal``), False when sequences are packed, None when it cannot be told.
+
+    Without ``position_ids`` a model numbers the tokens itself (``0..seq-1``, one sequence per
+    row); given ones are read here, as real data, the way eager reads them."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    if masking is None or not isinstance(example_inputs, dict):
+        return None
+    pos = example_inputs.get("position_ids")
+    if pos is None:
+        return True
+    if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.device.type == "meta":
+        return None
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(pos):
+        return None
+    return masking.find_packed_sequence_indices(pos) is None
+
+
 @contextlib.contextmanager
-def transformers_sees_tracing() -> Iterator[None]:
+def transformers_sees_tracing(*, single_sequence: bool | None = None) -> Iterator[None]:
     """transformers' ``is_tracing(tensor)`` recognises the capture's tensors.
 
     Its masking code reads tensor data in Python (``find_packed_sequence_indices``,
@@ -120,6 +144,12 @@ def transformers_sees_tracing() -> Iterator[None]:
     for ``FakeTensor``, but inside ``aot_function`` the model sees ``FunctionalTensor``s wrapping
     fakes, and ``.item()`` raises ``DataDependentOutputException``. Nothing is imported: a
     process that has not imported transformers has nothing to patch.
+
+    The traced path never skips the mask, where eager, reading the positions, finds one
+    sequence per row and leaves causality to attention's ``is_causal`` (no mask, and grouped
+    query attention without repeating keys and values). With ``single_sequence`` (see
+    :func:`single_sequence_positions`) ``find_packed_sequence_indices`` runs its ops as eager
+    does and then answers as eager would.
     """
     import sys
 
@@ -133,11 +163,23 @@ def transformers_sees_tracing() -> Iterator[None]:
     def is_fake_tensor(x: Any) -> bool:
         return isinstance(x, FunctionalTensor) or bool(original(x))
 
+    masking = sys.modules.get("transformers.masking_utils")
+    find = getattr(masking, "find_packed_sequence_indices", None)
+
+    def find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:
+        assert find is not None
+        packed = find(position_ids)
+        return None if single_sequence else packed
+
     utils.is_fake_tensor = is_fake_tensor
+    if single_sequence and find is not None:
+        masking.find_packed_sequence_indices = find_packed_sequence_indices
     try:
         yield
     finally:
         utils.is_fake_tensor = original
+        if single_sequence and find is not None:
+            masking.find_packed_sequence_indices = find
 
 
 def _grouped_mm_shape(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any) -> list[int]:
@@ -210,14 +252,15 @@ CAPTURE_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
-def capture_patches(*, target: str = "cpu") -> Iterator[None]:
-    """Every patch above, under :data:`CAPTURE_LOCK`, for one capture for ``target``."""
+def capture_patches(*, target: str = "cpu", single_sequence: bool | None = None) -> Iterator[None]:
+    """Every patch above, under :data:`CAPTURE_LOCK`, for one capture for ``target``
+    (``single_sequence``: see :func:`transformers_sees_tracing`)."""
     with (
         CAPTURE_LOCK,
         eager_composites(keep_fused_dropout=target == "cuda"),
         no_fused_cpu_rnn(),
         allow_fake_constants(),
-        transformers_sees_tracing(),
+        transformers_sees_tracing(single_sequence=single_sequence),
         grouped_mm_any_dtype(),
     ):
         yield

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from handmade import chain_step
 
-from remat.ir import Graph, GraphValidationError, Value
+from remat.ir import Graph, GraphValidationError, Node, Value
 from remat.ir.synthetic import transformer
 
 
@@ -127,3 +127,28 @@ def test_values_are_frozen() -> None:
     v = Value(id="a", size_bytes=1)
     with pytest.raises(Exception, match="frozen"):
         v.size_bytes = 2  # type: ignore[misc]
+
+
+def test_eager_free_after_names_a_node_not_before_the_producer() -> None:
+
+    def graph(after: str) -> Graph:
+        return Graph(
+            values=[
+                Value(id="x", size_bytes=4, kind="input"),
+                Value(id="a", size_bytes=8, eager_free_after=after),
+                Value(id="b", size_bytes=8),
+                Value(id="loss", size_bytes=4, kind="loss"),
+            ],
+            nodes=[
+                Node(id="f0", inputs=("x",), outputs=("b",)),
+                Node(id="f1", inputs=("x",), outputs=("a",)),
+                Node(id="f2", inputs=("a", "b"), outputs=("loss",)),
+            ],
+            required=["loss"],
+        )
+
+    assert graph("f2").value("a").eager_free_after == "f2"
+    with pytest.raises(GraphValidationError, match="unknown node 'nope'"):
+        graph("nope")
+    with pytest.raises(GraphValidationError, match="runs before its producer 'f1'"):
+        graph("f0")
