@@ -224,16 +224,17 @@ def _hostile(url: str, gid: str) -> list[tuple[str, str, float]]:
 
     health: list[float] = []
 
-    async def four() -> list[int]:
+    async def four() -> list[int | str]:
         stop = asyncio.Event()
         prober = asyncio.create_task(_probe(url, stop, health))
         async with httpx.AsyncClient(timeout=300) as h:
             rs = await asyncio.gather(
-                *(h.post(url + "/v1/graphs", content=big, headers=json_h) for _ in range(4))
+                *(h.post(url + "/v1/graphs", content=big, headers=json_h) for _ in range(4)),
+                return_exceptions=True,
             )
         stop.set()
         await prober
-        return [r.status_code for r in rs]
+        return [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in rs]
 
     t = time.perf_counter()
     codes = asyncio.run(four())
