@@ -115,7 +115,7 @@ def _wl_hash(block: _Block) -> str:
     """networkx's Weisfeiler-Lehman hash of the block's dataflow graph (names ignored)."""
     g = nx.DiGraph()
     for k, s in enumerate(block.signature):
-        g.add_node(k, label=repr(s))
+        g.add_node(k, label=ascii(s))  # networkx hashes labels as ASCII: op names may not be
     for k, ins in enumerate(block.local_inputs):
         for vi in ins:
             p, size, _ = block.values[vi]

@@ -100,3 +100,20 @@ def test_listed_with_its_options() -> None:
     assert si.kind == "dag" and "mem_slots" in si.options
     with pytest.raises(ValueError, match="mem_slots"):
         solver.get("hierarchical")(transformer(1), 10**12, mem_slots=0)
+
+
+def test_op_names_outside_ascii() -> None:
+    # networkx hashes block labels as ASCII; an op named "aten.rélu" (or any name a client
+    # sends) made hierarchical raise UnicodeEncodeError, which the service showed as a 422 on
+    # "options". Found by schemathesis.
+    g = transformer(3)
+    renamed = Graph.model_validate(
+        {
+            **g.model_dump(mode="json"),
+            "nodes": [{**n.model_dump(mode="json"), "op": n.op + "ü"} for n in g.nodes],
+        }
+    )
+    so = stage_options(renamed, chain_view(renamed, cuts="blocks").stages)
+    assert so.complete
+    r = solver.get("hierarchical")(renamed, frac_budget(renamed, 0.6), time_limit_s=20)
+    assert r.status in ("optimal", "feasible")
