@@ -69,6 +69,30 @@ def check(name: str, options: dict[str, Any]) -> None:
         ) from None
 
 
+@functools.cache
+def _integer_options(name: str) -> frozenset[str]:
+    """Options of solver ``name`` whose schema admits integers and no other numbers."""
+    out: set[str] = set()
+    for opt, schema in options_model(name).model_json_schema().get("properties", {}).items():
+        types = {schema.get("type")} | {a.get("type") for a in schema.get("anyOf", [])}
+        if "integer" in types and "number" not in types:
+            out.add(opt)
+    return frozenset(out)
+
+
+def whole_numbers(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each whole-number float (``4.0``) of an integer option made an ``int``.
+
+    JSON Schema, and so the OpenAPI document, counts ``4.0`` as an integer; the solvers'
+    strict models would refuse it. Booleans and strings stay refused.
+    """
+    ints = _integer_options(name)
+    return {
+        k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v
+        for k, v in options.items()
+    }
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """JSON schema of each registered solver's options, by solver name."""
     out: dict[str, dict[str, Any]] = {}

@@ -27,19 +27,43 @@ from remat.ir import Graph, PlanFigures, SolveResult
 
 # A budget as the API takes it: exactly the forms its schema states, so that a client (or a
 # fuzzer) that follows the schema is never refused for the form of its budget.
-_QUANTITY = r"\s*[0-9]{1,9}(?:\.[0-9]{1,6})?\s*(?:[bB]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*"
-_PERCENT = r"\s*(?:100(?:\.0{1,6})?|(?!0*(?:\.0*)?\s*%)[0-9]{1,2}(?:\.[0-9]{1,6})?)\s*%\s*"
+# A quantity (remat.ir.parse_budget's forms): with a unit; bare, whole bytes (not "1", which
+# could mean one byte or the whole peak); or a bare fraction below 1 ("0.5", ".5"). Spaces are
+# JSON's four: regular expressions disagree on what else \s means.
+_WS = r"[ \t\n\r]*"
+_UNIT = r"(?:[bB]|[kKmMgG][bB]|[kKmMgG][iI][bB])"
+_QUANTITY = (
+    _WS
+    + r"(?:[0-9]{1,9}(?:\.[0-9]{1,6})?"
+    + _WS
+    + _UNIT
+    + r"|(?!0*1(?![0-9.]))[0-9]{1,9}(?:\.0{1,6})?|0{0,9}\.[0-9]{1,6})"
+    + _WS
+)
+_PERCENT = (
+    _WS
+    + r"(?:100(?:\.0{1,6})?|(?!0*(?:\.0*)?"
+    + _WS
+    + r"%)[0-9]{1,2}(?:\.[0-9]{1,6})?)"
+    + _WS
+    + "%"
+    + _WS
+)
 BUDGET_PATTERN = f"^(?:{_QUANTITY}|{_PERCENT})$"
 _BUDGET_RX = re.compile(BUDGET_PATTERN)
 _BUDGET_DOC = (
     "Total device bytes (an integer), a quantity such as '12GiB' (B, kB, MB, GB, KiB, MiB, "
     "GiB), a percentage in (0, 100] such as '70%', or a fraction in (0, 1] of the no-remat "
-    "dynamic peak (plus static bytes)."
+    "dynamic peak (plus static bytes). A whole-number float other than 1.0 (4096.0) is bytes."
 )
 
 
 def _budget_form(v: int | float | str) -> int | float | str:
     # One check after the union, so an error names the field itself (not a union member).
+    if isinstance(v, float) and v.is_integer() and v != 1.0:
+        # JSON Schema counts a whole-number float as an integer, so 4096.0 is bytes, as the
+        # schema says; 1.0 matches both forms and stays the fraction (all of the peak).
+        v = int(v)
     if isinstance(v, int) and not 0 <= v <= 2**60:
         raise ValueError(f"budget: {v} bytes is outside [0, 2**60]")
     if isinstance(v, float) and not 0 < v <= 1:

@@ -114,9 +114,7 @@ class Service:
 
     async def put_graph(self, owner: str, g: GraphPayload) -> tuple[dict[str, Any], bool]:
         """Store a parsed graph for ``owner``: (summary, created)."""
-        created = await self.call(
-            self.store.put_graph, owner, g.id, g.text, json.dumps(g.summary)
-        )
+        created = await self.call(self.store.put_graph, owner, g.id, g.text, json.dumps(g.summary))
         return g.summary, created
 
     async def graph_summary(self, owner: str, graph_id: str) -> dict[str, Any]:
@@ -145,13 +143,15 @@ class Service:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _solver(self, name: str | None, options: dict[str, Any]) -> str:
+    def _solver(self, name: str | None, given: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The solver's name and its options, checked (a whole-number float for an integer
+        option becomes the integer: :func:`remat.api.options.whole_numbers`)."""
         chosen = name or solvers.default_solver()
         try:
             si = solvers.info(chosen)
         except RematError as exc:
             raise field_error(["body", "solver"], str(exc), "unknown_solver") from None
-        for opt in options:
+        for opt in given:
             if opt not in si.options or opt == PROGRESS_OPTION:
                 known = ", ".join(o for o in si.options if o != PROGRESS_OPTION) or "none"
                 raise field_error(
@@ -160,6 +160,7 @@ class Service:
                 )
         # Types from the solver's signature, then the solver's own check (its bounds), here
         # in the server before any work.
+        options = solver_options.whole_numbers(chosen, given)
         solver_options.check(chosen, options)
         try:
             si.check_options(options)
@@ -167,7 +168,7 @@ class Service:
             named = getattr(exc, "option", None)
             loc: list[str | int] = ["body", "options", *([named] if named else [])]
             raise field_error(loc, str(exc), "invalid_option") from None
-        return chosen
+        return chosen, options
 
     def _time_limit(self, given: float | None, default: float) -> float:
         settings = self.settings
@@ -194,10 +195,10 @@ class Service:
         """Validate a solve request (``inline``: its graph, parsed, if it came inline)."""
         settings = self.settings
         budget = normalize_budget(req.budget, ["body", "budget"])
-        name = self._solver(req.solver, req.options)
+        name, options = self._solver(req.solver, req.options)
         t = self._time_limit(req.time_limit_s, settings.default_time_limit_s)
         gid, text = await self._graph_of(owner, req, inline)
-        params = {"budget": budget, "solver": name, "time_limit_s": t, "options": req.options}
+        params = {"budget": budget, "solver": name, "time_limit_s": t, "options": options}
         task = {"kind": "solve", **params, "budget": req.budget, "graph": text, "graph_id": gid}
         return Prepared("solve", gid, self._key(owner, "solve", gid, params), task, t)
 
@@ -217,11 +218,11 @@ class Service:
                 "limit.max_frontier_points",
             )
         norm = [normalize_budget(s, ["body", "budgets", i]) for i, s in enumerate(specs)]
-        name = self._solver(req.solver, req.options)
+        name, options = self._solver(req.solver, req.options)
         per_point = min(settings.default_time_limit_s, settings.sync_time_limit_s / len(specs))
         t = self._time_limit(req.time_limit_s, per_point)
         gid, text = await self._graph_of(owner, req, inline)
-        params = {"budgets": norm, "solver": name, "time_limit_s": t, "options": req.options}
+        params = {"budgets": norm, "solver": name, "time_limit_s": t, "options": options}
         task = {"kind": "frontier", **params, "budgets": specs, "graph": text, "graph_id": gid}
         key = self._key(owner, "frontier", gid, params)
         return Prepared("frontier", gid, key, task, t * len(specs))

@@ -15,10 +15,15 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+import st_hooks  # noqa: F401  (registers the hook that makes generated graphs graphs)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import (
+    negative_data_rejection,
+    not_a_server_error,
+    positive_data_acceptance,
+)
 from service_harness import Server
 
 from remat.ir import synthetic
@@ -39,6 +44,8 @@ OPERATIONS = _operations()
 
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: f"{op.method.upper()} {op.path}")
 def test_openapi_fuzz_never_5xx(op: Any, server: Server) -> None:
+    # Also: what the document allows is accepted, and what it forbids is refused
+    # (schemathesis's positive_data_acceptance and negative_data_rejection).
     cases = st.one_of(
         op.as_strategy(generation_mode=GenerationMode.POSITIVE),
         op.as_strategy(generation_mode=GenerationMode.NEGATIVE),
@@ -55,7 +62,8 @@ def test_openapi_fuzz_never_5xx(op: Any, server: Server) -> None:
     def run(case: Any) -> None:
         response = case.call(base_url=server.url, timeout=60)
         assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
-        case.validate_response(response, checks=[not_a_server_error])
+        checks = [not_a_server_error, positive_data_acceptance, negative_data_rejection]
+        case.validate_response(response, checks=checks)
 
     run()
 
