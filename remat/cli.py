@@ -477,7 +477,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # httptools (C) parses requests: with h11 (pure Python), large uploads keep the event loop
+    # busy and /healthz waits behind them.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http="httptools")
     return EXIT_OK
 
 

@@ -57,16 +57,18 @@ def parsed(kind: BodyKind) -> Callable[[Request], Awaitable[Parsed]]:
 
     async def dependency(request: Request) -> Parsed:
         require_json(request)
-        raw = await request.body()
+        # The chunks as they came, never joined here: a join copies the whole body on the event
+        # loop (Request.body() does, even for one chunk), and the parser process joins them.
+        chunks = [c async for c in request.stream() if c]
         service = request.app.state.service
         s = service.settings
-        if len(raw) <= INLINE_BYTES:
-            out = parse_body(kind, raw, s.max_nodes, s.max_values)
+        if sum(map(len, chunks)) <= INLINE_BYTES:
+            out = parse_body(kind, b"".join(chunks), s.max_nodes, s.max_values)
         else:
             task = {
                 "kind": "parse",
                 "body_kind": kind,
-                "body": raw,
+                "body": chunks,
                 "max_nodes": s.max_nodes,
                 "max_values": s.max_values,
             }

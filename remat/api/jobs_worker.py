@@ -29,6 +29,7 @@ def make_pool(settings: Settings, size: int | None = None) -> WorkerPool:
         kill_grace_s=settings.kill_grace_s,
         plugins=settings.plugins,
         memory_bytes=settings.worker_memory_bytes,
+        nice=settings.worker_nice,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -62,14 +63,14 @@ class BodyLimit:
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        sent = False
+        # Handed on chunk by chunk: joining them here would copy the whole body on the event
+        # loop while every other request waits.
+        pending = deque(chunks or [b""])
 
         async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if pending:
+                chunk = pending.popleft()
+                return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
             return await receive()
 
         await self.app(scope, replay, send)

@@ -8,7 +8,9 @@ was running: the pool notices the closed pipe, raises :class:`WorkerCrashed` for
 starts a replacement. Cancelling a task kills its worker the same way, which is the only way to
 stop a solver that does not poll for cancellation; a worker still busy ``kill_grace_s`` after
 its task's time limit is killed too (:class:`WorkerTimeout`). Each worker caps its own address
-space at ``memory_bytes`` (``RLIMIT_AS``), so one request cannot take the machine's memory.
+space at ``memory_bytes`` (``RLIMIT_AS``), so one request cannot take the machine's memory, and
+runs ``nice`` steps below the server, so that on a busy machine the server's event loop (health
+checks, polls, cached answers) gets a core before solves and parses do.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class QueueFull(Exception):
 class _Worker:
     """One worker subprocess and its two pipes."""
 
-    def __init__(self, plugins: tuple[str, ...], memory_bytes: int) -> None:
+    def __init__(self, plugins: tuple[str, ...], memory_bytes: int, nice: int = 0) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
@@ -65,6 +67,7 @@ class _Worker:
                     str(to_child_r),
                     str(from_child_w),
                     str(memory_bytes),
+                    str(nice),
                     *plugins,
                 ],
                 pass_fds=(to_child_r, from_child_w),
@@ -100,7 +103,16 @@ class _Worker:
         if on_start is not None:
             on_start()
         try:
-            self.tx.send(task)
+            body = task.get("body")
+            if isinstance(body, list):
+                # A raw body as the server received it, chunk by chunk: written to the pipe as
+                # bytes, never pickled or joined here (either would copy it all while holding
+                # the GIL, and the event loop would wait for it).
+                self.tx.send({**task, "body": None, "body_chunks": len(body)})
+                for chunk in body:
+                    self.tx.send_bytes(chunk)
+            else:
+                self.tx.send(task)
         except OSError:
             self.dead = True
             raise WorkerCrashed(self.proc.poll()) from None
@@ -164,9 +176,11 @@ class WorkerPool:
         kill_grace_s: float = 2.0,
         plugins: tuple[str, ...] = (),
         memory_bytes: int = 0,
+        nice: int = 0,
     ) -> None:
         self.size = size
         self.memory_bytes = memory_bytes
+        self.nice = nice
         self.max_queue = max_queue
         self.kill_grace_s = kill_grace_s
         self.plugins = plugins
@@ -179,7 +193,7 @@ class WorkerPool:
         self._background: set[asyncio.Task[None]] = set()
 
     def _spawn(self) -> _Worker:
-        w = _Worker(self.plugins, self.memory_bytes)
+        w = _Worker(self.plugins, self.memory_bytes, self.nice)
         self._all.add(w)
         try:
             w.wait_ready()

@@ -76,6 +76,10 @@ class Settings(BaseModel):
         Origins a browser may call the service from (CORS); empty (the default): none.
     parse_workers
         Processes that check and parse large request bodies (off the event loop).
+    worker_nice
+        How many steps below the server the solver and parser processes run (``nice``): on a
+        machine whose cores are all busy, health checks, job polls and cached answers still get
+        one first. 0: the same priority.
     store_timeout_s
         How long a store operation may wait (a locked SQLite file, a PostgreSQL connection)
         before the request answers 503 with ``Retry-After``.
@@ -105,6 +109,7 @@ class Settings(BaseModel):
     cors_origins: tuple[str, ...] = ()
     store_timeout_s: float = Field(default=5.0, gt=0)
     parse_workers: int = Field(default=2, ge=1, le=64)
+    worker_nice: int = Field(default=10, ge=0, le=19)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -113,7 +118,8 @@ class Settings(BaseModel):
         ``REMAT_MAX_TIME_LIMIT_S``, ``REMAT_SYNC_TIME_LIMIT_S``, ``REMAT_DEFAULT_TIME_LIMIT_S``,
         ``REMAT_PLUGINS``, ``REMAT_CORS_ORIGINS`` (comma separated), ``REMAT_JOB_MAX_ATTEMPTS``,
         ``REMAT_KILL_GRACE_S``, ``REMAT_WORKER_MEMORY_BYTES``, ``REMAT_MAX_VALUES``,
-        ``REMAT_JOB_LEASE_S``, ``REMAT_STORE_TIMEOUT_S``, ``REMAT_PARSE_WORKERS``; keyword
+        ``REMAT_JOB_LEASE_S``, ``REMAT_STORE_TIMEOUT_S``, ``REMAT_PARSE_WORKERS``,
+        ``REMAT_WORKER_NICE``; keyword
         ``overrides`` that are not None win."""
         env = os.environ if environ is None else environ
         names = {
@@ -132,6 +138,7 @@ class Settings(BaseModel):
             "REMAT_JOB_LEASE_S": "job_lease_s",
             "REMAT_STORE_TIMEOUT_S": "store_timeout_s",
             "REMAT_PARSE_WORKERS": "parse_workers",
+            "REMAT_WORKER_NICE": "worker_nice",
         }
         data: dict[str, object] = {f: env[k] for k, f in names.items() if env.get(k)}
         lists = (

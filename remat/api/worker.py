@@ -1,15 +1,17 @@
-"""A solver worker process: ``python -m remat.api.worker READ_FD WRITE_FD MEMORY [PLUGIN...]``.
+"""A solver worker: ``python -m remat.api.worker READ_FD WRITE_FD MEMORY NICE [PLUGIN...]``.
 
 Started by :class:`remat.api.pool.WorkerPool` as a plain subprocess (not a multiprocessing
 child, so it never re-imports the server's main module). It reads task dicts from one pipe and
 writes ``("progress", dict)`` and ``("done", dict)`` messages to the other, one task at a time,
 until the server closes the pipe. ``MEMORY`` (bytes, 0 for none) caps its address space once
 the solvers are imported; a task that runs out of it answers an error naming
-``worker_memory_bytes`` and the worker keeps serving.
+``worker_memory_bytes`` and the worker keeps serving. ``NICE`` lowers its CPU priority by that
+many steps (``worker_nice``), before any thread starts (Linux keeps a niceness per thread).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -50,8 +52,13 @@ def _out_of_memory(memory_bytes: int) -> dict[str, Any]:
     }
 
 
-def serve(rx: Connection, tx: Connection, plugins: list[str], memory_bytes: int = 0) -> None:
+def serve(
+    rx: Connection, tx: Connection, plugins: list[str], memory_bytes: int = 0, nice: int = 0
+) -> None:
     """Run tasks from ``rx`` until it closes, answering on ``tx``."""
+    if nice > 0:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
     # The server handles Ctrl-C and stops its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
@@ -68,9 +75,15 @@ def serve(rx: Connection, tx: Connection, plugins: list[str], memory_bytes: int 
     while True:
         try:
             task = rx.recv()
+            n = task.pop("body_chunks", None)
+            # a raw body follows, chunk by chunk (remat.api.pool)
+            chunks = None if n is None else [rx.recv_bytes() for _ in range(n)]
         except (EOFError, OSError):
             return  # the server went away
         try:
+            if chunks is not None:
+                task["body"] = b"".join(chunks)
+                chunks = None
             out: dict[str, Any] = run_task(task, progress)
         except MemoryError:
             out = _out_of_memory(memory_bytes)
@@ -86,6 +99,7 @@ if __name__ == "__main__":
     serve(
         Connection(int(sys.argv[1]), writable=False),
         Connection(int(sys.argv[2]), readable=False),
-        sys.argv[4:],
+        sys.argv[5:],
         int(sys.argv[3]),
+        int(sys.argv[4]),
     )

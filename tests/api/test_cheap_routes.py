@@ -1,0 +1,98 @@
+"""Cheap routes never wait behind large bodies (issue 14, item 2).
+
+A real ``remat serve`` on loopback receives four large graphs at once. Each upload is held back
+before its last chunk, so the server is known to be in the middle of receiving all four when
+``/healthz`` is asked; then the last chunks go out, and ``/healthz`` must answer 40 times in a
+row while the four are being parsed, before any of them is answered. The order of events is
+asserted, never a duration: with the parse on the event loop, 7 health checks got in. (On ``main`` before this test, four such uploads held ``/healthz``
+for seconds: the bodies were copied and pickled on the server's event loop and its GIL, and
+parsed by a pure-Python HTTP parser.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+from service_harness import Server
+
+UPLOADS = 4
+NODES = 10_000  # 1.5 MiB of JSON each: a second or more of parsing, inside the default limits
+CHUNK = 256 * 1024
+ENOUGH = 40  # health checks answered in a row while the four are parsed
+
+
+def _graph_body(nodes: int, name: str) -> bytes:
+    node = (
+        '{"id":"n%d","name":"n","op":"aten.relu","phase":"forward","inputs":[],'
+        '"outputs":["v%d"],"time_s":1e-6}'
+    )
+    value = '{"id":"v%d","size_bytes":4,"kind":"activation"}'
+    return (
+        f'{{"schema_version":1,"name":"{name}","nodes":['
+        + ",".join(node % (i, i) for i in range(nodes))
+        + '],"values":['
+        + ",".join(value % i for i in range(nodes))
+        + '],"required":[],"static_bytes":0}'
+    ).encode()
+
+
+class _Upload:
+    """One upload whose last chunk waits for ``release``."""
+
+    def __init__(self, url: str, body: bytes, release: threading.Event) -> None:
+        self.url, self.body, self.release = url, body, release
+        self.almost = threading.Event()  # everything but the last chunk is written
+        self.sent = threading.Event()  # the last chunk is written too
+        self.response: httpx.Response | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _chunks(self) -> Iterator[bytes]:
+        pieces = [self.body[i : i + CHUNK] for i in range(0, len(self.body), CHUNK)]
+        yield from pieces[:-1]
+        self.almost.set()
+        self.release.wait(300)
+        yield pieces[-1]
+        self.sent.set()  # httpx asks for more only once the last chunk is written
+
+    def _run(self) -> None:
+        try:
+            headers = {"content-type": "application/json"}
+            with httpx.Client(timeout=300) as h:
+                self.response = h.post(
+                    self.url + "/v1/graphs", content=self._chunks(), headers=headers
+                )
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def test_healthz_answers_while_large_uploads_are_in_flight(fresh_server: Server) -> None:
+    s = fresh_server.start()
+    release = threading.Event()
+    uploads = [_Upload(s.url, _graph_body(NODES, f"big{i}"), release) for i in range(UPLOADS)]
+    for u in uploads:
+        u.thread.start()
+    with httpx.Client(base_url=s.url, timeout=300) as h:
+        try:
+            for u in uploads:
+                assert u.almost.wait(300), u.error
+            # All four bodies are partly received by the server and none is complete.
+            assert h.get("/healthz").status_code == 200
+            assert all(u.response is None for u in uploads)
+        finally:
+            release.set()
+        for u in uploads:
+            assert u.sent.wait(300), u.error
+        # All four are complete and being parsed: /healthz answers, again and again, before
+        # any of them does. (Parsing on the event loop, it got 7 answers in, between parses.)
+        polls = 0
+        while not any(u.response is not None for u in uploads) and polls < ENOUGH:
+            assert h.get("/healthz").status_code == 200
+            polls += 1
+    for u in uploads:
+        u.thread.join(300)
+        assert u.error is None, u.error
+        assert u.response is not None and u.response.status_code == 201, u.response
+    assert polls == ENOUGH, f"only {polls} health checks answered before an upload was"
