@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from remat.ir import Plan
+from remat.ir import InvalidPlanError, Plan
 from remat.ir.chain import Chain, ChainOp
 from remat.ir.result import SolveResult, best_result
 from remat.solver.deadline import Deadline
@@ -389,13 +389,20 @@ def fit_chain_plan(
             host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
         )
 
+    unfit = ""
     while m >= 0:
         if tried and dl.expired():
             break
-        plan = plan_for(m)
-        if plan is None:
+        try:
+            plan = plan_for(m)
+            if plan is None:
+                break
+            r = judge(plan)
+        except InvalidPlanError as exc:
+            # The chain does not describe this graph (a forward node that reads what a backward
+            # node made, say): its schedules are no plans for it, and only eager is left.
+            unfit = f"chain expansion failed: {exc}"
             break
-        r = judge(plan)
         tried.append(r)
         if r.fits:
             break
@@ -412,7 +419,10 @@ def fit_chain_plan(
     tried.append(judge(problem.eager_plan))
     best = best_result(tried)
     assert best is not None
-    return best.model_copy(update={"solve_time_s": time.perf_counter() - started})
+    update: dict[str, object] = {"solve_time_s": time.perf_counter() - started}
+    if unfit:
+        update["message"] = unfit
+    return best.model_copy(update=update)
 
 
 def trivial_result(problem: Problem, solver: str, started: float) -> SolveResult | None:

@@ -29,6 +29,26 @@ def one_node() -> Graph:
     )
 
 
+def backward_first() -> Graph:
+    # Valid (listed in a topological order), though no chain: a forward node reads what a
+    # backward node made. revolve and pofo expanded their chain into an invalid plan here
+    # (found by schemathesis through the service).
+    return Graph(
+        values=(
+            Value(id="x", size_bytes=8, kind="input"),
+            Value(id="a", size_bytes=100),
+            Value(id="b", size_bytes=100),
+            Value(id="L", size_bytes=4, kind="loss"),
+        ),
+        nodes=(
+            Node(id="b0", phase="backward", inputs=("x",), outputs=("a",), time_s=1.0),
+            Node(id="f1", inputs=("a",), outputs=("b",), time_s=1.0),
+            Node(id="f2", inputs=("b",), outputs=("L",), time_s=1.0),
+        ),
+        required=("L",),
+    )
+
+
 GRAPHS: dict[str, Callable[[], Graph]] = {
     "empty": Graph,
     "one-node": one_node,
@@ -40,6 +60,7 @@ GRAPHS: dict[str, Callable[[], Graph]] = {
     "transformer1": lambda: transformer(1, d_model=16, seq_len=8, batch_size=2, vocab_size=32, num_heads=2),
     "unet1": lambda: unet(1, base_channels=4, image_size=4, batch_size=1),
     "random-dag12": lambda: random_layered_dag(12, seed=1, batch_size=4, max_width=64),
+    "backward-first": backward_first,
 }  # fmt: skip
 
 FRACTIONS = (0.0, 0.5, 0.7, 1.0, None)  # None: an ample budget
