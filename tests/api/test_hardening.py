@@ -130,6 +130,37 @@ def test_the_cache_is_scoped_to_the_key(fresh_server: Server) -> None:
     assert not other.cached and other.request_key != first.request_key
 
 
+@pytest.mark.parametrize(
+    ("solver", "options"),
+    [
+        ("lp-round", {"samples": 10**6}),
+        ("milp", {"threads": 10**6}),
+        ("rotor", {"mem_slots": 10**9}),
+        ("chen-greedy", {"num_thresholds": "x"}),
+        ("milp", {"recompute_backward": "yes"}),
+        ("milp", {"threads": -1}),
+    ],
+    ids=str,
+)
+def test_hostile_solver_options_are_refused_before_any_work(
+    server: Server, solver: str, options: dict[str, object]
+) -> None:
+    # Found on main: these reached the solvers unchecked (a worker grew to 6.68 GB; 500s with
+    # std::bad_alloc and a 6.55 TiB numpy request; silent acceptance), or were refused only after
+    # 4.5-15 s of worker time with a message that did not name the option.
+    (opt,) = options
+    g = synthetic.chain(3).model_dump(mode="json")
+    with httpx.Client(base_url=server.url, timeout=120) as h:
+        before = h.get("/v1/jobs").json()
+        for route in ("/v1/solve", "/v1/jobs"):
+            body = {"graph": g, "budget": "90%", "solver": solver, "options": options}
+            r = h.post(route, json=body)
+            assert r.status_code == 422, r.text
+            detail = r.json()["detail"][0]
+            assert detail["loc"][:3] == ["body", "options", opt] and opt in detail["msg"], detail
+        assert h.get("/v1/jobs").json() == before  # no job was made
+
+
 def test_an_overrunning_worker_is_killed_soon_after_its_limit(server: Server) -> None:
     # Found on main: the pool killed a worker only at its limit plus 30 s, so a solver that
     # ignored a 1 s limit and took 20 s ran to the end (200) instead of being stopped.
