@@ -1,7 +1,7 @@
 """schemathesis hooks: generated graphs obey the rules JSON Schema cannot state.
 
 A graph's ids refer to each other (a node's ``inputs`` and ``outputs``, ``required``, a value's
-``producer``), ids are unique, a value is made by one node before it is read, and only leaves
+``producer`` and ``eager_free_after``), ids are unique, a value is made by one node before it is read, and only leaves
 (inputs, parameters) and buffers have no producer. The OpenAPI document states every rule on
 single fields, but none of these, so a schema-valid graph from a generator is almost never a
 graph; the service refuses it with a 422 naming the id, and schemathesis's
@@ -51,8 +51,12 @@ def consistent(graph: dict[str, Any]) -> dict[str, Any]:
     for i, n in enumerate(nodes):
         ins = [x for x in n.get("inputs") or [] if x in known and made_by.get(x, -1) < i]
         nodes[i] = {**n, "inputs": ins}
+    at = {n["id"]: i for i, n in enumerate(nodes)}
     for j, v in enumerate(values):
         v = dict(v)
+        late = v.get("eager_free_after")
+        if late is not None and (late not in at or at[late] < made_by.get(v["id"], -1)):
+            v.pop("eager_free_after")  # a node that does not exist, or runs before the producer
         kind = v.get("kind", "activation")
         if v["id"] in made_by:
             if kind in LEAF_KINDS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 from service_harness import Server
@@ -96,3 +97,37 @@ def test_healthz_answers_while_large_uploads_are_in_flight(fresh_server: Server)
         assert u.error is None, u.error
         assert u.response is not None and u.response.status_code == 201, u.response
     assert polls == ENOUGH, f"only {polls} health checks answered before an upload was"
+
+
+def _nice(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
+def test_solver_and_parser_processes_run_below_the_server(server: Server) -> None:
+    # On a machine whose cores are busy, the server's event loop (health, polls, cached answers)
+    # gets a core before solves and parses do: its workers run worker_nice (10) steps lower.
+    assert server.proc is not None
+    workers = [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit()
+        and _ppid(int(p.name)) == server.proc.pid
+        and b"remat.api.worker" in _cmdline(int(p.name))
+    ]
+    assert len(workers) >= 2 + 2, workers  # two solver workers, two parsers
+    assert {_nice(w) - _nice(server.proc.pid) for w in workers} == {10}
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
