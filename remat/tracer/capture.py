@@ -61,7 +61,11 @@ from remat.tracer.joint_passes import (
     bernoulli_in_memory_order,
     gradients_in_parameter_layout,
 )
-from remat.tracer.patches import capture_patches, single_sequence_positions
+from remat.tracer.patches import (
+    capture_patches,
+    single_sequence_positions,
+    unpadded_attention_mask,
+)
 
 __all__ = ["Capture", "LossFn", "TraceError", "capture"]
 
@@ -405,9 +409,10 @@ def capture(
     # inputs, one that rejects the real tensors a model closes over); ours accepts them.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     single_sequence = single_sequence_positions(example_inputs)
+    no_padding = unpadded_attention_mask(example_inputs)
     try:
         with (
-            capture_patches(target=target, single_sequence=single_sequence),
+            capture_patches(target=target, single_sequence=single_sequence, no_padding=no_padding),
             mode,
             fx_traceback.preserve_node_meta(),
             modules,
@@ -470,7 +475,7 @@ def capture(
     )
     mapping = joint_to_ir(joint, signature)
     if target == "cpu":
-        with capture_patches(target=target, single_sequence=single_sequence):
+        with capture_patches(target=target, single_sequence=single_sequence, no_padding=no_padding):
             log = replay_forward(model, args[0], args[1], loss_fn)
         if log is not None:
             frees = eager_forward_frees(

@@ -135,8 +135,22 @@ def single_sequence_positions(example_inputs: Any) -> bool | None:
     return masking.find_packed_sequence_indices(pos) is None
 
 
+def unpadded_attention_mask(example_inputs: Any) -> bool:
+    """Whether the inputs carry a real 2-D ``attention_mask`` that masks no token: eager
+    transformers then reads it (``fast_all``) and leaves causality to attention's
+    ``is_causal``, as without a mask."""
+    mask = example_inputs.get("attention_mask") if isinstance(example_inputs, dict) else None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.device.type == "meta":
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(mask) and bool(mask.bool().all())
+
+
 @contextlib.contextmanager
-def transformers_sees_tracing(*, single_sequence: bool | None = None) -> Iterator[None]:
+def transformers_sees_tracing(
+    *, single_sequence: bool | None = None, no_padding: bool = False
+) -> Iterator[None]:
     """transformers' ``is_tracing(tensor)`` recognises the capture's tensors.
 
     Its masking code reads tensor data in Python (``find_packed_sequence_indices``,
@@ -149,7 +163,9 @@ def transformers_sees_tracing(*, single_sequence: bool | None = None) -> Iterato
     sequence per row and leaves causality to attention's ``is_causal`` (no mask, and grouped
     query attention without repeating keys and values). With ``single_sequence`` (see
     :func:`single_sequence_positions`) ``find_packed_sequence_indices`` runs its ops as eager
-    does and then answers as eager would.
+    does and then answers as eager would; with ``no_padding`` (see
+    :func:`unpadded_attention_mask`) ``_ignore_causal_mask_sdpa`` reads the padding mask as
+    eager does (its ops run) and answers as for no padding mask.
     """
     import sys
 
@@ -171,15 +187,29 @@ def transformers_sees_tracing(*, single_sequence: bool | None = None) -> Iterato
         packed = find(position_ids)
         return None if single_sequence else packed
 
+    ignore = getattr(masking, "_ignore_causal_mask_sdpa", None)
+    fast_all = getattr(masking, "fast_all", None)
+
+    def ignore_causal_mask_sdpa(padding_mask: torch.Tensor | None, *args: Any, **kw: Any) -> bool:
+        assert ignore is not None and fast_all is not None
+        if padding_mask is not None:
+            fast_all(padding_mask)  # eager's read of the mask: no token is masked
+        return bool(ignore(None, *args, **kw))
+
+    patch_ignore = no_padding and ignore is not None and fast_all is not None
     utils.is_fake_tensor = is_fake_tensor
     if single_sequence and find is not None:
         masking.find_packed_sequence_indices = find_packed_sequence_indices
+    if patch_ignore:
+        masking._ignore_causal_mask_sdpa = ignore_causal_mask_sdpa
     try:
         yield
     finally:
         utils.is_fake_tensor = original
         if single_sequence and find is not None:
             masking.find_packed_sequence_indices = find
+        if patch_ignore:
+            masking._ignore_causal_mask_sdpa = ignore
 
 
 def _grouped_mm_shape(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any) -> list[int]:
@@ -252,15 +282,17 @@ CAPTURE_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
-def capture_patches(*, target: str = "cpu", single_sequence: bool | None = None) -> Iterator[None]:
+def capture_patches(
+    *, target: str = "cpu", single_sequence: bool | None = None, no_padding: bool = False
+) -> Iterator[None]:
     """Every patch above, under :data:`CAPTURE_LOCK`, for one capture for ``target``
-    (``single_sequence``: see :func:`transformers_sees_tracing`)."""
+    (``single_sequence``, ``no_padding``: see :func:`transformers_sees_tracing`)."""
     with (
         CAPTURE_LOCK,
         eager_composites(keep_fused_dropout=target == "cuda"),
         no_fused_cpu_rnn(),
         allow_fake_constants(),
-        transformers_sees_tracing(single_sequence=single_sequence),
+        transformers_sees_tracing(single_sequence=single_sequence, no_padding=no_padding),
         grouped_mm_any_dtype(),
     ):
         yield

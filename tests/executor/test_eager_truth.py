@@ -239,12 +239,15 @@ def _zoo() -> Any:
         "model's own",
         pytest.param("given, one sequence", marks=pytest.mark.slow),
         pytest.param("given, packed", marks=pytest.mark.slow),
+        "attention mask, no padding",
+        pytest.param("attention mask, padded", marks=pytest.mark.slow),
     ],
 )
 def test_transformers_mask_as_eager_decides(positions: str) -> None:
-    # Eager reads the positions: one sequence per row -> no mask (attention's is_causal, and
-    # grouped-query attention without repeated keys and values); packed -> a mask. The capture
-    # decides as eager does (before, it always built the mask: Llama was 6% high).
+    # Eager reads the positions and the attention mask: one sequence per row and no padding ->
+    # no mask (attention's is_causal, and grouped-query attention without repeated keys and
+    # values); packed or padded -> a mask. The capture decides as eager does (before, it
+    # always built the mask: Llama was 6% high).
     zoo = _zoo()
     batch, seq = zoo.BATCH, zoo.SEQ
     pos = {
@@ -253,14 +256,21 @@ def test_transformers_mask_as_eager_decides(positions: str) -> None:
         "given, packed": torch.cat([torch.arange(seq // 2), torch.arange(seq // 2)]).expand(
             batch, seq
         ),
+        "attention mask, no padding": None,
+        "attention mask, padded": None,
     }[positions]
     torch.manual_seed(0)
     model, inputs, loss_fn = zoo.llama()
     if pos is not None:
         inputs = {**inputs, "position_ids": pos}
+    if positions.startswith("attention mask"):
+        mask = torch.ones_like(inputs["input_ids"])
+        if positions.endswith("padded"):
+            mask[0, -3:] = 0
+        inputs = {**inputs, "attention_mask": mask}
     graph = capture(model, inputs, loss_fn).graph
     masks = [n for n in graph.forward_nodes if n.op == "aten.where.self"]
-    assert bool(masks) == (positions == "given, packed")
+    assert bool(masks) == (positions in ("given, packed", "attention mask, padded"))
     _predicts(graph, measure(model, inputs, loss_fn).peak_dynamic_bytes)
 
 
