@@ -8,8 +8,9 @@ import torch
 
 from examples.models import build_gpt
 from remat.executor.compile import RematBackend
-from remat.executor.compile.partition import PartitionModel, search_partition
+from remat.executor.compile.partition import PartitionModel
 from remat.executor.compile.run import compiled_step, eager_reference
+from remat.executor.compile.search import search_partition
 from remat.ir import Graph, InfeasibleBudgetError, Node, Value
 from remat.torch_compile import backend
 
@@ -279,3 +280,43 @@ def test_transformers_gpt2_five_budgets_exact_and_monotone():
         )
         peaks.append(run.memory.peak_bytes)
     assert peaks == sorted(peaks, reverse=True), peaks
+
+
+# -- the search's own judge and the search on a synthetic transformer ----------------------------
+
+
+def test_figures_equal_the_simulator_on_random_saved_sets():
+    import random
+
+    from remat.ir import synthetic
+
+    model = PartitionModel(synthetic.transformer(2), rng_state_bytes=5000)
+    rnd = random.Random(0)
+    for _ in range(30):
+        p = rnd.random()
+        saved = {v for v in model.candidates if rnd.random() < p}
+        fig, part = model.figures(saved), model.partition(saved)
+        assert (fig.peak_bytes, fig.saved, fig.recomputed) == (
+            part.peak_bytes,
+            part.saved,
+            part.recomputed,
+        )
+        assert fig.total_time_s == pytest.approx(part.total_time_s, rel=1e-12)
+        dynamic = model.static | model.inputs
+        assert fig.live_at_peak - dynamic == model.live_at_peak(part) - dynamic
+
+
+def test_search_fits_a_falling_budget_with_rising_time():
+    from remat.ir import synthetic
+
+    model = PartitionModel(synthetic.transformer(2))
+    full = model.figures(model.read_by_backward)
+    static = model.graph.static_bytes
+    times = []
+    for share in (0.95, 0.85, 0.7):
+        budget = static + int(share * (full.peak_bytes - static))
+        best, _ = search_partition(model, budget, time_limit_s=20)
+        assert best.peak_bytes <= budget, share
+        times.append(best.total_time_s)
+    assert times == sorted(times), times
+    assert times[0] > full.total_time_s

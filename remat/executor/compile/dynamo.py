@@ -44,7 +44,8 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from remat.executor.compile.joint import JointIR, joint_to_ir
-from remat.executor.compile.partition import Partition, PartitionModel, search_partition
+from remat.executor.compile.partition import Partition, PartitionModel
+from remat.executor.compile.search import search_partition
 from remat.executor.compile.split import RNG_STATE_BYTES, Split, split_joint
 from remat.ir import Graph, InfeasibleBudgetError, Plan, simulate
 from remat.ir.budget import BudgetSpec, format_bytes, parse_budget

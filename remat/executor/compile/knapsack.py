@@ -7,13 +7,13 @@ min-cut partitioner hands the knapsack the candidates it would otherwise not rec
 min cut with the others allowed to be recomputed.
 
 :class:`RematKnapsack` maps the joint graph to the IR, searches the partitioner's class with
-only those candidates free to be recomputed (:func:`~remat.executor.compile.partition.
-search_partition`) under a budget in bytes, and keeps saved the candidates of the best
-partition. Torch's ``max_memory`` (a share of the candidates' normalised sizes) is ignored
-when a budget is given; without one, torch's ``activation_memory_budget`` is read as a share
-of the graph's uncompiled dynamic peak. The final saved set is torch's min cut, so the step's
-figures are judged afterwards on the partition torch made
-(:func:`remat.executor.compile.evaluate.record_partitions`).
+only those candidates free to be recomputed
+(:func:`~remat.executor.compile.search.search_partition`) under a budget in bytes, and keeps
+saved the candidates of the best partition. Torch's ``max_memory`` (a share of the candidates'
+normalised sizes) is ignored when a budget is given; without one, torch's
+``activation_memory_budget`` is read as a share of the graph's uncompiled dynamic peak. The
+final saved set is torch's min cut, so the step's figures are judged afterwards on the partition
+torch made (:func:`remat.executor.compile.evaluate.record_partitions`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomKnapsackSolver, get_hash_for_files
 
 from remat.executor.compile.joint import joint_to_ir
-from remat.executor.compile.partition import PartitionModel, search_partition
+from remat.executor.compile.partition import PartitionModel
+from remat.executor.compile.search import search_partition
 from remat.executor.compile.split import RNG_STATE_BYTES
 from remat.ir import simulate
 from remat.ir.budget import BudgetSpec, parse_budget

@@ -9,28 +9,15 @@ placed just before its first use (torch's ``reordering_to_mimic_autograd_engine`
 backward graph that way); every tensor is freed after its last use. :class:`PartitionModel`
 turns a saved set into that IR plan (:meth:`PartitionModel.plan`), and the simulator judges it.
 
-The search
-----------
-:func:`search_partition` minimises the simulated step time under a budget in bytes:
-
-1. save everything the backward reads (no recomputation): optimal when it fits;
-2. otherwise a greedy descent on the simulator: among the saved values alive at the simulated
-   peak (the largest first), drop the one with the best peak reduction per second of added
-   recomputation, until the peak fits; then add back, one by one, dropped values whose saving
-   still fits and shortens the step;
-3. the same descent from the saved set of a remat solver's plan on the IR graph (values that
-   plan keeps from their forward computation to the backward), when a seed is given.
-
-The best plan of these within the budget is returned with the simulator's figures; no
-optimality is claimed (the class has no exact solver here). References: the partitioner's
-"saved values" formulation is AOT autograd's (torch.compile, Ansel et al. 2024); the greedy
-descent on measured peak and recompute cost follows Chen et al. 2016's budget-driven greedy and
-Checkmate's (Jain et al. 2020) view that a schedule is judged by its simulated peak.
+The search among saved sets is :func:`remat.executor.compile.search.search_partition`; it
+judges candidates with :meth:`PartitionModel.figures`, the simulator's peak and time computed
+without building a plan (equal to :func:`remat.ir.simulate` on :meth:`PartitionModel.plan`,
+tested), and the chosen one with the simulator itself. The "saved values" formulation is AOT
+autograd's (torch.compile, Ansel et al. 2024).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -61,6 +48,20 @@ class Partition:
     @property
     def total_time_s(self) -> float:
         return self.simulation.total_time_s
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The simulator's figures of a saved set, computed without a plan (the search's judge)."""
+
+    saved: frozenset[str]
+    """The saved set as the split makes it: the requested values the backward reads."""
+    peak_bytes: int
+    """Static bytes, the dynamic peak and the recomputed random ops' generator states."""
+    total_time_s: float
+    recomputed: tuple[str, ...]
+    live_at_peak: frozenset[str]
+    """Non-static values on the device at the peak step."""
 
 
 class PartitionModel:
@@ -117,6 +118,14 @@ class PartitionModel:
             key=lambda v: self.position[self.producer[v]],
         )
         self.size = {v.id: v.size_bytes for v in graph.values}
+        self.static = {v.id for v in graph.values if graph.is_static(v.id)}
+        self.inputs = {v.id for v in graph.values if v.kind == "input"}
+        self.keep = self.required | self.always
+        self.candidates = sorted(
+            self.forward_values - self.pinned - self.static,
+            key=lambda v: self.position[self.producer[v]],
+        )
+        """Forward values the search may save or not."""
 
     # -- saved set -> backward order -> plan ----------------------------------------------
 
@@ -198,6 +207,63 @@ class PartitionModel:
                     live.discard(v)
         return Plan(steps=tuple(steps))
 
+    def figures(self, saved: Iterable[str]) -> Figures:
+        """:meth:`partition`'s peak and time for ``saved``, without building the plan: the
+        same frees as :meth:`plan_for_orders` and the same accounting as the simulator (no
+        offloads here, so the step's time is the sum of its nodes' times)."""
+        wanted = set(saved) & self.forward_values
+        order, keep_fw = self.backward_order(wanted)
+        seq = [*self.forward, *order]
+        n_fw = len(self.forward)
+        node = self.node
+        last_read: dict[tuple[str, int], int] = {}
+        made_at: dict[str, int] = {}
+        makes: list[list[str]] = []
+        for i, nid in enumerate(seq):
+            for x in node[nid].inputs:
+                last_read[(x, made_at.get(x, -1))] = i
+            new = [
+                o for o in node[nid].outputs if not (i >= n_fw and o in keep_fw and o in made_at)
+            ]
+            for o in new:
+                made_at[o] = i
+            makes.append(new)
+        frees: dict[int, list[str]] = {}
+        for i, new in enumerate(makes):
+            for o in new:
+                if o not in self.keep:
+                    frees.setdefault(last_read.get((o, i), i), []).append(o)
+        size, static = self.size, self.static
+        on = set(self.inputs)
+        cur = sum(size[v] for v in on)
+        peak, live_peak = cur, frozenset(on)
+        time_s = 0.0
+        for i, nid in enumerate(seq):
+            n = node[nid]
+            time_s += n.time_s
+            new_bytes = 0
+            for o in n.outputs:
+                if o not in static and o not in on:
+                    new_bytes += size[o]
+                    on.add(o)
+            cur += new_bytes
+            if cur + n.workspace_bytes > peak:
+                peak, live_peak = cur + n.workspace_bytes, frozenset(on)
+            for v in frees.get(i, ()):
+                if v in on:
+                    on.discard(v)
+                    cur -= size[v]
+        fw = set(self.forward)
+        recomputed = tuple(x for x in order if x in fw)
+        extra = self.rng_state_bytes * sum(node[x].rng for x in recomputed)
+        return Figures(
+            saved=frozenset(keep_fw | (wanted & self.pinned)),
+            peak_bytes=self.graph.static_bytes + peak + extra,
+            total_time_s=time_s,
+            recomputed=recomputed,
+            live_at_peak=live_peak,
+        )
+
     def partition(self, saved: Iterable[str]) -> Partition:
         """The partition for a saved set, with the simulator's figures."""
         wanted = set(saved) & self.forward_values
@@ -248,135 +314,3 @@ class PartitionModel:
                     freed.add(step.id)
                 on.discard(step.id)
         return kept & self.forward_values
-
-
-def search_partition(
-    model: PartitionModel,
-    budget_bytes: int,
-    *,
-    seeds: Sequence[Iterable[str]] = (),
-    time_limit_s: float = 30.0,
-    candidates_per_step: int = 8,
-    droppable: Iterable[str] | None = None,
-) -> tuple[Partition, Partition]:
-    """Search the class for the fastest partition within ``budget_bytes``.
-
-    ``droppable`` restricts the values that may be recomputed (the others the backward reads
-    stay saved): the knapsack hook's candidates.
-
-    Returns
-    -------
-    (best, lowest)
-        ``best``: the fastest partition found within the budget, or the lowest-peak one when
-        none fits; ``lowest``: the lowest-peak partition seen (for infeasibility reports).
-    """
-    deadline = time.monotonic() + time_limit_s
-    full = model.partition(model.read_by_backward)
-    if full.peak_bytes <= budget_bytes:
-        return full, full
-    found: list[Partition] = [full]
-    # Starts: everything the backward reads; the outputs of compute-bound ops only (cheap
-    # pointwise ops recomputed, as torch's partitioner prefers); nothing (all recomputed);
-    # then the given seeds.
-    every = set(model.read_by_backward)
-    free = every if droppable is None else set(droppable) & every
-    fixed = every - free
-    starts = [every, _compute_bound(model), set()]
-    starts += [set(s) for s in seeds]
-    starts = [fixed | (s & free) for s in starts]
-    for start in starts:
-        part = model.partition(start)
-        found.append(part)
-        part = _descend(model, part, budget_bytes, deadline, candidates_per_step, found, free)
-        if part.peak_bytes <= budget_bytes:
-            part = _add_back(model, part, budget_bytes, deadline, found, free)
-        found.append(part)
-        if time.monotonic() > deadline:
-            break
-    fitting = [p for p in found if p.peak_bytes <= budget_bytes]
-    lowest = min(found, key=lambda p: (p.peak_bytes, p.total_time_s))
-    if fitting:
-        return min(fitting, key=lambda p: (p.total_time_s, p.peak_bytes)), lowest
-    return lowest, lowest
-
-
-def _compute_bound(model: PartitionModel) -> set[str]:
-    """Values the backward reads whose producer takes longer than moving its inputs and
-    outputs would (flops dominate: matmuls, attention), i.e. the ones worth keeping."""
-    out: set[str] = set()
-    for v in model.read_by_backward:
-        node = model.node[model.producer[v]]
-        if node.flops > 8 * sum(model.size.get(x, 0) for x in (*node.inputs, *node.outputs)):
-            out.add(v)
-    return out
-
-
-def _descend(
-    model: PartitionModel,
-    part: Partition,
-    budget_bytes: int,
-    deadline: float,
-    k: int,
-    found: list[Partition],
-    free: set[str],
-) -> Partition:
-    """Drop saved values alive at the peak until the peak fits (greedy, simulator-judged)."""
-    tried_dead: set[str] = set()
-    while part.peak_bytes > budget_bytes and time.monotonic() < deadline:
-        live = model.live_at_peak(part)
-        cands = sorted(
-            (
-                v
-                for v in part.saved & free
-                if v in live and v not in model.pinned and v not in tried_dead
-            ),
-            key=lambda v: -model.size[v],
-        )[:k]
-        if not cands:
-            break
-        best: tuple[float, Partition] | None = None
-        for v in cands:
-            trial = model.partition(part.saved - {v})
-            found.append(trial)
-            gain = part.peak_bytes - trial.peak_bytes
-            if gain <= 0:
-                tried_dead.add(v)
-                continue
-            cost = max(trial.total_time_s - part.total_time_s, 1e-12)
-            score = gain / cost
-            if best is None or score > best[0]:
-                best = (score, trial)
-        if best is None:
-            # No single drop lowers the peak: drop the largest candidate and go on (the peak
-            # may move to where the next drop helps).
-            v = cands[0]
-            trial = model.partition(part.saved - {v})
-            found.append(trial)
-            tried_dead.add(v)
-            if trial.peak_bytes > part.peak_bytes:
-                continue
-            part = trial
-            continue
-        part = best[1]
-    return part
-
-
-def _add_back(
-    model: PartitionModel,
-    part: Partition,
-    budget_bytes: int,
-    deadline: float,
-    found: list[Partition],
-    free: set[str],
-) -> Partition:
-    """Save again dropped values (most recompute time first) while the peak still fits."""
-    dropped = [v for v in model.read_by_backward if v not in part.saved and v in free]
-    dropped.sort(key=lambda v: -model.node[model.producer[v]].time_s)
-    for v in dropped:
-        if time.monotonic() > deadline:
-            break
-        trial = model.partition(part.saved | {v})
-        found.append(trial)
-        if trial.peak_bytes <= budget_bytes and trial.total_time_s < part.total_time_s:
-            part = trial
-    return part
