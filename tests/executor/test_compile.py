@@ -56,11 +56,24 @@ def test_recomputed_dropout_replays_the_random_numbers(gpt):
 
 
 @pytest.mark.slow
-def test_inductor_gpt_within_budget_and_tolerance(gpt):
-    be, plan, run = _run(gpt, "70%", compiler="inductor")
-    assert run.max_grad_diff < 1e-4
-    assert run.memory.peak_bytes <= plan.budget_bytes
-    assert be.check()
+def test_inductor_gpt_five_budgets_within_budget_tolerance_and_monotone(gpt):
+    """Inductor: the gradients within float tolerance (its kernels sum in another order; the
+    random numbers are eager's), the measured peak within the budget, monotone. Inductor fuses
+    pointwise ops, so the step measures less than the simulator predicts on the FX graph."""
+    peaks = []
+    for budget in FIVE_BUDGETS:
+        be, plan, run = _run(gpt, budget, compiler="inductor")
+        measured = run.memory.peak_bytes
+        print(
+            f"inductor {budget}: measured {measured} predicted {plan.predicted_peak_bytes} "
+            f"budget {plan.budget_bytes} grad diff {run.max_grad_diff:.2g}"
+        )
+        assert run.max_grad_diff < 1e-4, budget
+        assert measured <= plan.budget_bytes, budget
+        assert measured <= plan.predicted_peak_bytes, budget
+        assert be.check()
+        peaks.append(measured)
+    assert peaks == sorted(peaks, reverse=True), peaks
 
 
 @pytest.mark.slow
