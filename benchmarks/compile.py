@@ -22,6 +22,9 @@ whose measured peak is the same or larger, and remat's measured peak never excee
 
 Run: ``.venv/bin/python benchmarks/compile.py [--models gpt,gpt2,llama] [--budgets 70,50,30]
 [--compiler aot_eager|inductor] [--repeats 3] [--time-limit 60]``. No threshold is asserted.
+The node times come from the CPU profile in remat's cache (``~/.cache/remat``); where other
+processes may re-measure it during the run, give the run its own ``REMAT_CACHE_DIR`` so that
+every system is judged with the same times.
 """
 
 from __future__ import annotations
