@@ -248,7 +248,7 @@ class RematBackend:
         full = model.partition(model.read_by_backward)
         if full.peak_bytes > budget_bytes and self.seed is not None:
             try:
-                plan = self.seed(graph, budget_bytes, self.time_limit_s / 2)
+                plan = self.seed(graph, budget_bytes, self.time_limit_s / 4)
             except InfeasibleBudgetError:
                 plan = None
             if plan is not None:
