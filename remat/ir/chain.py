@@ -155,7 +155,9 @@ def _select_cuts(graph: Graph, kind: CutKind) -> tuple[list[Cut], str]:
     return blocks, "blocks"
 
 
-def chain_view(graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None = None) -> Chain:
+def chain_view(
+    graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None = None, every: int = 1
+) -> Chain:
     """The chain of ``graph``: stages between cuts of the forward pass.
 
     Parameters
@@ -168,10 +170,16 @@ def chain_view(graph: Graph, *, cuts: CutKind = "auto", max_stages: int | None =
         cuts when there are at least half as many as block cuts, else block cuts).
     max_stages
         Merge neighbouring stages (keeping evenly spaced cuts) down to this many.
+    every
+        Keep only every ``every``-th cut (before ``max_stages`` applies): stages merged in
+        groups of ``every``, so that a chain of repeated layers stays one of repeated stages.
     """
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1, got {max_stages}")
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
     chosen, kind = _select_cuts(graph, cuts)
+    chosen = chosen[every - 1 :: every]
     if max_stages is not None and len(chosen) + 1 > max_stages:
         k = max_stages - 1
         step = len(chosen) / max(k, 1)

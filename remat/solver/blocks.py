@@ -38,9 +38,12 @@ from remat.ir.chain import Stage
 from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline
 
-CAP_FRACTIONS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8)
+CAP_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """Kept-bytes caps, as fractions of the block's saved bytes, whose optima form the frontier
 (keeping everything is rotor's own option)."""
+
+BISECTION_STEPS = 7
+"""Halvings of the ranking that :func:`boundary_keep_plan` tries at most."""
 
 MAX_BLOCK_VALUES = 2000
 """Blocks with more saved values get no partial saves (their MILP would not be small)."""
@@ -242,8 +245,10 @@ def boundary_keep_plan(
     if first is None or simulate(graph, first).peak_bytes > budget_bytes:
         return None
     best = first
-    while lo < hi:
-        if deadline is not None and deadline.expired():
+    # a few halvings (to 1/128 of the ranking) are enough for a candidate plan; each one
+    # builds and simulates a whole plan
+    for _ in range(BISECTION_STEPS):
+        if lo >= hi or (deadline is not None and deadline.expired()):
             break
         mid = (lo + hi + 1) // 2
         plan = plan_with(mid)

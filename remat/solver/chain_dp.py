@@ -1,9 +1,9 @@
-"""The chain dynamic programs shared by ``rotor``, ``revolve`` and ``pofo``, and the harness
-that turns a chain schedule into a result the simulator has judged.
+"""The chain dynamic program shared by ``rotor``, ``pofo`` and ``hierarchical``, and the harness
+that turns a chain schedule into a result the simulator has judged (``revolve`` too).
 
 * :class:`ChainArrays`: a chain's figures (:mod:`remat.ir.chain`) in memory slots;
-* :func:`rotor_table`: rotor's DP over sub-chains and memory, with POFO's offload option;
-* :func:`revolve_table` / :func:`revolve_schedule`: Griewank's binomial checkpointing as a DP;
+* :func:`rotor_table`: rotor's DP over sub-chains and memory, with POFO's offload option,
+  identical sub-chains filled once (:func:`subchain_classes`);
 * :func:`fit_chain_plan`: lower the memory a chain method plans for until the expanded plan
   fits the real budget (the chain model is an estimate of the op-level memory).
 
@@ -15,9 +15,6 @@ memory." arXiv:1911.13214, 2019.
 
 O. Beaumont, L. Eyraud-Dubois, A. Shilova. "Efficient Combination of Rematerialization and
 Offloading for Training DNNs." NeurIPS 2021.
-
-A. Griewank, A. Walther. "Algorithm 799: revolve: an implementation of checkpointing for the
-reverse or adjoint mode of computational differentiation." ACM TOMS 26(1), 2000.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -115,6 +113,34 @@ runs, prefetch them for the backward."""
 
 
 @dataclass(frozen=True)
+class SubchainCosts:
+    """The rotor table's costs, one row per class of identical sub-chains.
+
+    ``self[s, t]`` is the row ``cost[s, t, 0..M-1]`` and ``self[s, t, m]`` one entry. Sub-chains
+    whose stages have the same figures (and the same cut after them) have the same costs, so a
+    chain of repeated layers stores and fills only a few rows per length."""
+
+    rows: np.ndarray
+    """``(classes, M)``: the costs of each class."""
+    index: np.ndarray
+    """``(L + 1, L + 1)``: the class of sub-chain ``s..t-1``; -1 where ``t <= s``."""
+
+    @overload
+    def __getitem__(self, key: tuple[int, int]) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, key: tuple[int, int, int]) -> float: ...
+
+    def __getitem__(self, key: tuple[int, ...]) -> np.ndarray | float:
+        c = int(self.index[key[0], key[1]])
+        if c < 0:
+            raise IndexError(f"no sub-chain {key[0]}..{key[1] - 1}")
+        if len(key) == 2:
+            return np.asarray(self.rows[c])
+        return float(self.rows[c, key[2]])
+
+
+@dataclass(frozen=True)
 class RotorTable:
     """The rotor DP: ``cost[s, t, m]`` is the least time to run the backward of stages
     ``s..t-1`` with ``x_s`` and ``δ_t`` resident and ``m`` slots in all.
@@ -124,9 +150,13 @@ class RotorTable:
     is read back (:meth:`choice`), for the ``O(L)`` entries that a schedule visits."""
 
     arrays: ChainArrays
-    cost: np.ndarray
+    cost: SubchainCosts
     transfer_s: np.ndarray | None = None
     options: tuple[tuple[StageOption, ...], ...] | None = None
+    filled_subchains: int = 0
+    """Sub-chains whose costs were computed (the others share a class's row): counted work."""
+    split_cells: int = 0
+    """Cells of the split-point tables filled: counted work."""
 
     def schedule(self, m: int) -> list[ChainOp]:
         """The chain schedule for the whole chain in ``m`` slots (cost must be finite)."""
@@ -160,14 +190,16 @@ class RotorTable:
                 best, arg = v, OFFLOAD
         shift = int(a[s])
         if m >= shift:
-            fcum = A.fcum
-            peaks = _sweep_peaks(A, s, t)
-            for j, sp in enumerate(range(s + 1, t)):
-                if m < peaks[j]:
-                    break
-                v = ((cost[sp, t, m - shift] + fcum[sp]) + cost[s, sp, m]) - fcum[s]
-                if v < best:
-                    best, arg = v, sp
+            # split points whose sweep fits in m: a prefix (the peaks do not decrease)
+            usable = int(np.searchsorted(_sweep_peaks(A, s, t), m, side="right"))
+            if usable:
+                sps = np.arange(s + 1, s + 1 + usable)
+                rows, index = cost.rows, cost.index
+                vals = (rows[index[sps, t], m - shift] + A.fcum[sps]) + rows[index[s, sps], m]
+                vals -= A.fcum[s]
+                j = int(np.argmin(vals))
+                if vals[j] < best:
+                    best, arg = float(vals[j]), int(sps[j])
         return arg
 
     def _rec(self, s: int, t: int, m: int, ops: list[ChainOp]) -> None:
@@ -214,9 +246,53 @@ def _all_need(A: ChainArrays, s: int, t: int) -> int:
     """Slots that "forward s keeping all, then s+1..t-1, then backward s" needs beyond the
     sub-chain's own (its forward with all activations, and its backward)."""
     a = A.a
-    fall_need = a[s] + a[t] + A.abar[s] + a[s + 1] + A.fall[s]
-    b_need = a[s] + A.abar[s] + a[s + 1] + a[s] + A.btmp[s]
-    return int(max(fall_need, b_need))
+    return _chain_need(
+        int(a[s]), int(a[s + 1]), int(a[t]), int(A.abar[s]), int(A.fall[s]), int(A.btmp[s])
+    )
+
+
+def _chain_need(a_s: int, a_next: int, a_t: int, abar_s: int, fall_s: int, btmp_s: int) -> int:
+    """:func:`_all_need` from the stage's figures: the larger of its forward keeping all
+    (with the sub-chain's ends resident) and its backward."""
+    return max(a_s + a_t + abar_s + a_next + fall_s, a_s + abar_s + a_next + a_s + btmp_s)
+
+
+def _single_need(a_s: int, a_t: int, abar_s: int, fall_s: int, btmp_s: int, refresh: bool) -> int:
+    """Slots a single stage's forward (when it must run again) and backward need."""
+    b_need = a_s + abar_s + a_t + a_s + btmp_s
+    return max(a_s + a_t + abar_s + a_t + fall_s, b_need) if refresh else b_need
+
+
+def dp_cells(arr: ChainArrays, num_slots: int) -> int:
+    """The split-table cells :func:`rotor_table` fills for ``arr`` over ``num_slots`` slots
+    (its :attr:`RotorTable.split_cells`), counted without filling it: the DP's work, to pick
+    a chain the DP can fill in time."""
+    L = arr.num_stages
+    M = num_slots + 1
+    index, n = subchain_classes(arr)
+    a = [int(x) for x in arr.a]
+    abar = [int(x) for x in arr.abar]
+    fall = [int(x) for x in arr.fall]
+    btmp = [int(x) for x in arr.btmp]
+    na = [0] * max(n, 1)
+    new = cells = 0
+    for t in range(1, L + 1):
+        col = index[:t, t].tolist()
+        for s in range(t - 1, -1, -1):
+            c = col[s]
+            if c != new:
+                continue
+            new += 1
+            if t == s + 1:
+                na[c] = _single_need(a[s], a[t], abar[s], fall[s], btmp[s], arr.must_refresh(s))
+                continue
+            keep = a[s] + abar[s]
+            need = _chain_need(a[s], a[s + 1], a[t], abar[s], fall[s], btmp[s])
+            na[c] = max(need, keep + na[col[s + 1]])
+            W = min(M, na[c])
+            if a[s] < W:
+                cells += (t - 1 - s) * W
+    return cells
 
 
 def _sweep_peaks(A: ChainArrays, s: int, t: int) -> np.ndarray:
@@ -228,6 +304,49 @@ def _sweep_peaks(A: ChainArrays, s: int, t: int) -> np.ndarray:
     return np.asarray(a[s] + a[t] + np.maximum.accumulate(inner))
 
 
+def subchain_classes(
+    arr: ChainArrays,
+    transfer_s: np.ndarray | None = None,
+    options: tuple[tuple[StageOption, ...], ...] | None = None,
+    *,
+    share: bool = True,
+) -> tuple[np.ndarray, int]:
+    """The class of every sub-chain ``s..t-1`` (an ``(L + 1, L + 1)`` array, -1 where
+    ``t <= s``) and the number of classes: sub-chains whose stages have equal figures (times,
+    slots, refresh, copy time, partial saves' slots and times) and whose next cut has equal
+    slots have the same rotor costs. Classes are numbered in the DP's fill order (increasing
+    end, decreasing start), so a class is new exactly when its number is the next one.
+    ``share=False`` gives every sub-chain its own class."""
+    L = arr.num_stages
+    sym: list[int] = []
+    seen: dict[object, int] = {}
+    for s in range(L):
+        opts = options[s] if options is not None else ()
+        key = (
+            float(arr.f[s]),
+            float(arr.b[s]),
+            int(arr.a[s]),
+            int(arr.abar[s]),
+            int(arr.ftmp[s]),
+            int(arr.fall[s]),
+            int(arr.btmp[s]),
+            arr.must_refresh(s),
+            None if transfer_s is None else float(transfer_s[s]),
+            tuple((o.keep_slots, o.extra_time_s) for o in opts),
+        )
+        sym.append(seen.setdefault(key, len(seen)) if share else s)
+    index = np.full((L + 1, L + 1), -1, dtype=np.int64)
+    ids: dict[tuple[int, int], int] = {}
+    for t in range(1, L + 1):
+        # a sub-chain is its first stage followed by the sub-chain after it; the empty one is
+        # the cut after the last stage (its slots), numbered apart (negative)
+        prev = -1 - int(arr.a[t]) if share else -1 - t
+        for s in range(t - 1, -1, -1):
+            prev = ids.setdefault((sym[s], prev), len(ids))
+            index[s, t] = prev
+    return index, len(ids)
+
+
 def rotor_table(
     arr: ChainArrays,
     num_slots: int,
@@ -235,6 +354,7 @@ def rotor_table(
     *,
     deadline: Deadline | None = None,
     options: tuple[tuple[StageOption, ...], ...] | None = None,
+    share: bool = True,
 ) -> RotorTable:
     """Fill the rotor DP for ``m = 0..num_slots``.
 
@@ -242,8 +362,10 @@ def rotor_table(
     checkpoint option ``C(s', t, m - a_s) + C(s, s', m)`` (plus the sweep's forward time) every
     term is known; split points and memory are vectorised, and memory from which keeping every
     activation of the sub-chain fits is not searched for split points (there "all" is optimal:
-    every other option runs some forward again). Rotor's ``O(L^3 M)`` recurrence with most of
-    its constant removed.
+    every other option runs some forward again). Sub-chains identical to one filled before
+    (:func:`subchain_classes`) share its costs and are not filled again: on a chain of ``L``
+    repeated layers that leaves ``O(L)`` sub-chains to fill instead of ``L^2 / 2``. Rotor's
+    ``O(L^3 M)`` recurrence with most of its constant removed.
 
     With ``transfer_s`` (seconds to copy each stage's saved values one way), POFO's option is
     added: offload stage ``s``'s activations while stages ``s+1..t-1`` run and prefetch them for
@@ -261,100 +383,132 @@ def rotor_table(
     M = num_slots + 1
     if deadline is not None:
         deadline.check("the rotor DP")
-    # only entries t > s are ever read; each is written whole below
-    cost = np.empty((L + 1, L + 1, M), dtype=DTYPE)
-    # need_all[s][t]: from this many slots on, "keep everything" is feasible (and optimal)
-    need_all = [[0] * (L + 1) for _ in range(L + 1)]
-    a = [int(x) for x in arr.a]
-    abar = [int(x) for x in arr.abar]
-    fall = [int(x) for x in arr.fall]
-    btmp = [int(x) for x in arr.btmp]
-    f = [float(x) for x in arr.f]
-    b = [float(x) for x in arr.b]
-    fcum = [float(x) for x in arr.fcum]
-    tr = None if transfer_s is None else [2 * float(x) for x in transfer_s]
-    # sweep peaks: pm[s][j] = max over i = s..s+j of (a[i+1] + ftmp[i] + a[i] if i > s)
-    pm: list[np.ndarray] = []
-    for s in range(L):
-        inner = arr.a[s + 1 : L] + arr.ftmp[s : L - 1]
-        inner[1:] += arr.a[s + 1 : L - 1]
-        pm.append(np.maximum.accumulate(inner))
-    for s in range(L):
-        t = s + 1
-        b_need = a[s] + abar[s] + a[t] + a[s] + btmp[s]
-        if arr.must_refresh(s):
-            need, val = max(a[s] + a[t] + abar[s] + a[t] + fall[s], b_need), f[s] + b[s]
-        else:
-            need, val = b_need, b[s]
-        cost[s, t, : min(need, M)] = INF
-        cost[s, t, min(need, M) :] = val
-        need_all[s][t] = need
-    # D[s'] = cost[s', t] + fcum[s'] for the current t; buf holds the split-point table
-    D = np.empty((L + 1, M), dtype=DTYPE)
-    buf = np.empty((max(L, 1), M), dtype=DTYPE)
-    cols = np.arange(M)
-    for t in range(2, L + 1):
-        if deadline is not None:
+    index, num_classes = subchain_classes(arr, transfer_s, options, share=share)
+    rows = np.empty((max(num_classes, 1), M), dtype=DTYPE)
+    fill = _Filler(arr, M, index, rows, transfer_s, options)
+    fcum, D = fill.fcum, fill.D
+    new = 0  # the next class to fill
+    cells = 0
+    for t in range(1, L + 1):
+        if deadline is not None and t >= 2:
             deadline.check("the rotor DP")
-        np.add(cost[t - 1, t], fcum[t - 1], out=D[t - 1])
+        for s in range(t - 1, -1, -1):
+            c = int(index[s, t])
+            if c == new:
+                new += 1
+                if t == s + 1:
+                    fill.single(s, c)
+                else:
+                    cells += fill.chain(s, t, c)
+            np.add(rows[c], fcum[s], out=D[s])
+    return RotorTable(arr, SubchainCosts(rows, index), transfer_s, options, num_classes, cells)
+
+
+class _Filler:
+    """The per-chain figures the fill of one sub-chain reads, as plain Python numbers."""
+
+    def __init__(
+        self,
+        arr: ChainArrays,
+        M: int,
+        index: np.ndarray,
+        rows: np.ndarray,
+        transfer_s: np.ndarray | None,
+        options: tuple[tuple[StageOption, ...], ...] | None,
+    ) -> None:
+        L = arr.num_stages
+        self.arr, self.M, self.index, self.rows, self.options = arr, M, index, rows, options
+        # need_all[c]: from this many slots on, "keep everything" is feasible (and optimal)
+        self.need_all = [0] * len(rows)
+        self.a = [int(x) for x in arr.a]
+        self.abar = [int(x) for x in arr.abar]
+        self.fall = [int(x) for x in arr.fall]
+        self.btmp = [int(x) for x in arr.btmp]
+        self.f = [float(x) for x in arr.f]
+        self.b = [float(x) for x in arr.b]
+        self.fcum = [float(x) for x in arr.fcum]
+        self.tr = None if transfer_s is None else [2 * float(x) for x in transfer_s]
+        # sweep peaks: pm[s][j] = max over i = s..s+j of (a[i+1] + ftmp[i] + a[i] if i > s)
+        self.pm: list[np.ndarray] = []
+        for s in range(L):
+            inner = arr.a[s + 1 : L] + arr.ftmp[s : L - 1]
+            inner[1:] += arr.a[s + 1 : L - 1]
+            self.pm.append(np.maximum.accumulate(inner))
+        # D[s'] = cost[s', t] + fcum[s'] for the current t; buf holds the split-point table
+        self.D = np.empty((L + 1, M), dtype=DTYPE)
+        self.buf = np.empty((max(L, 1), M), dtype=DTYPE)
+        self.cols = np.arange(M)
+
+    def single(self, s: int, c: int) -> None:
+        """One stage: forward (unless its backward needs only its input) and backward."""
+        a, abar, t, M = self.a, self.abar, s + 1, self.M
+        best = self.rows[c]
+        refresh = self.arr.must_refresh(s)
+        need = _single_need(a[s], a[t], abar[s], self.fall[s], self.btmp[s], refresh)
+        val = self.f[s] + self.b[s] if refresh else self.b[s]
+        best[: min(need, M)] = INF
+        best[min(need, M) :] = val
+        self.need_all[c] = need
+
+    def chain(self, s: int, t: int, c: int) -> int:
+        """Fill ``cost[s, t]`` (``t > s + 1``) into class ``c``'s row; returns the
+        split-table cells filled."""
+        a, abar, f, b, M, index = self.a, self.abar, self.f, self.b, self.M, self.index
+        best = self.rows[c]  # a view: filled in place
+        c1 = int(index[s + 1, t])
+        nxt = self.rows[c1]  # cost[s + 1, t]
         at = a[t]
-        for s in range(t - 2, -1, -1):
-            best = cost[s, t]  # a view: filled in place
-            keep = a[s] + abar[s]
-            need = max(a[s] + at + abar[s] + a[s + 1] + fall[s], keep + a[s + 1] + a[s] + btmp[s])
-            # option "all": forward s keeping its activations, then s+1..t-1, then backward s
-            lo = min(max(need, keep), M)
-            best[:lo] = INF
+        keep = a[s] + abar[s]
+        need = _chain_need(a[s], a[s + 1], at, abar[s], self.fall[s], self.btmp[s])
+        # option "all": forward s keeping its activations, then s+1..t-1, then backward s
+        lo = min(max(need, keep), M)
+        best[:lo] = INF
+        if lo < M:
+            np.add(nxt[lo - keep : M - keep], f[s] + b[s], out=best[lo:])
+        for o in self.options[s] if self.options is not None else ():
+            kk = a[s] + o.keep_slots
+            lo = min(max(need, kk), M)
             if lo < M:
-                np.add(cost[s + 1, t, lo - keep : M - keep], f[s] + b[s], out=best[lo:])
-            for o in options[s] if options is not None else ():
-                kk = a[s] + o.keep_slots
-                lo = min(max(need, kk), M)
-                if lo < M:
-                    alt = cost[s + 1, t, lo - kk : M - kk] + (f[s] + b[s] + o.extra_time_s)
-                    np.minimum(best[lo:], alt, out=best[lo:])
-            na = max(need, keep + need_all[s + 1][t])
-            need_all[s][t] = na
-            sh = a[s]
-            lo = max(need, sh)
-            if tr is not None and lo < M:
-                off = np.maximum(cost[s + 1, t, lo - sh : M - sh], tr[s])
-                off += f[s] + b[s]
-                np.minimum(best[lo:], off, out=best[lo:])
-            # option "checkpoint at s'": sweep s..s'-1 without saving, keep x_{s'}; only
-            # below na, where "all" may not be optimal
-            W = min(M, na)
-            if sh < W:
-                rows = t - 1 - s
-                tot = buf[:rows, :W]
-                tot[:, :sh] = INF
-                np.add(D[s + 1 : t, : W - sh], cost[s, s + 1 : t, sh:W], out=tot[:, sh:])
-                # a split point is usable at m only when its sweep fits in m; the peaks are
-                # small next to W, so only the first columns need masking
-                base = a[s] + at
-                top = min(int(pm[s][rows - 1]) + base, W)
-                if top > sh:
-                    peaks = pm[s][:rows] + base
-                    np.putmask(tot[:, :top], cols[None, :top] < peaks[:, None], INF)
-                ck = tot.min(axis=0)
-                ck -= fcum[s]
-                np.minimum(best[:W], ck, out=best[:W])
-            np.add(best, fcum[s], out=D[s])
-    return RotorTable(arr, cost, transfer_s, options)
+                alt = nxt[lo - kk : M - kk] + (f[s] + b[s] + o.extra_time_s)
+                np.minimum(best[lo:], alt, out=best[lo:])
+        na = max(need, keep + self.need_all[c1])
+        self.need_all[c] = na
+        sh = a[s]
+        lo = max(need, sh)
+        if self.tr is not None and lo < M:
+            off = np.maximum(nxt[lo - sh : M - sh], self.tr[s])
+            off += f[s] + b[s]
+            np.minimum(best[lo:], off, out=best[lo:])
+        # option "checkpoint at s'": sweep s..s'-1 without saving, keep x_{s'}; only below
+        # na, where "all" may not be optimal
+        W = min(M, na)
+        if sh >= W:
+            return 0
+        rows = t - 1 - s
+        tot = self.buf[:rows, :W]
+        tot[:, :sh] = INF
+        left = self.rows[index[s, s + 1 : t], sh:W]  # cost[s, s'], s' = s+1..t-1 (a copy)
+        np.add(self.D[s + 1 : t, : W - sh], left, out=tot[:, sh:])
+        # a split point is usable at m only when its sweep fits in m; the peaks are small
+        # next to W, so only the first columns need masking
+        base = a[s] + at
+        pm = self.pm[s]
+        top = min(int(pm[rows - 1]) + base, W)
+        if top > sh:
+            peaks = pm[:rows] + base
+            np.putmask(tot[:, :top], self.cols[None, :top] < peaks[:, None], INF)
+        ck = tot.min(axis=0)
+        ck -= self.fcum[s]
+        np.minimum(best[:W], ck, out=best[:W])
+        return rows * W
 
 
 # -- shared harness for the chain solvers ------------------------------------------------------
 
 
-WORK_LIMIT = 1e9
-"""Cells of split-point tables (``L^3 / 6 * M``) the rotor DP is allowed by default: a few
-seconds on one loaded core. Longer chains are merged down to :func:`stage_cap` stages."""
-
-
-def stage_cap(num_slots: int, work: float = WORK_LIMIT) -> int:
-    """The most stages a chain may have for the rotor DP over ``num_slots`` slots to stay
-    within ``work`` table cells (counted work, not time)."""
-    return max(2, int((6 * work / (num_slots + 1)) ** (1 / 3)))
+WORK_LIMIT = 2e8
+"""Cells of split-point tables (:func:`dp_cells`) the rotor DP is allowed by default: a second
+or two on one idle core (about 8 ns a cell). Chains whose DP would fill more are merged."""
 
 
 def fit_chain_plan(
@@ -435,62 +589,3 @@ def trivial_result(problem: Problem, solver: str, started: float) -> SolveResult
 def min_chain_slots(cost_row: np.ndarray) -> int | None:
     finite = np.flatnonzero(np.isfinite(cost_row))
     return int(finite[0]) if len(finite) else None
-
-
-# -- revolve ----------------------------------------------------------------------------------
-
-
-def revolve_table(num_steps: int, num_checkpoints: int, f: float, b: float) -> np.ndarray:
-    """``cost[l, c]``: least time to reverse ``l`` homogeneous steps from a stored input with
-    ``c`` more checkpoint slots (Griewank's binomial checkpointing, as a DP)."""
-    L, C = num_steps, num_checkpoints
-    cost = np.full((L + 1, C + 1), INF)
-    cost[0, :] = 0.0
-    for c in range(C + 1):
-        for n in range(1, L + 1):
-            if n == 1:
-                cost[1, c] = f + b
-                continue
-            # no checkpoint: sweep forward to the last step each time
-            best = n * (f + b) + f * (n - 1) * n / 2
-            if c > 0:
-                j = np.arange(1, n)
-                cand = j * f + cost[n - j, c - 1] + cost[j, c]
-                best = min(best, float(cand.min()))
-            cost[n, c] = best
-    return cost
-
-
-def revolve_schedule(L: int, c: int, cost: np.ndarray, f: float) -> list[ChainOp]:
-    ops: list[ChainOp] = []
-    stack: list[tuple[int, int, int] | ChainOp] = [(0, L, c)]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, ChainOp):
-            ops.append(item)
-            continue
-        s, n, cc = item
-        if n == 0:
-            continue
-        if n == 1:
-            ops += [ChainOp("forward", s), ChainOp("backward", s)]
-            continue
-        sweep = n * (cost[1, 0]) + f * (n - 1) * n / 2
-        best_j, best = 0, sweep
-        if cc > 0:
-            for j in range(1, n):
-                v = j * f + cost[n - j, cc - 1] + cost[j, cc]
-                if v < best - 1e-15:
-                    best_j, best = j, v
-        if best_j == 0:
-            # sweep: for each stage from the last, re-run the forward from s
-            for i in range(n):
-                stack.append(ChainOp("backward", s + i))
-                stack.append(ChainOp("forward", s + i))
-                for k in reversed(range(i)):
-                    stack.append(ChainOp("forward", s + k))
-            continue
-        ops.extend(ChainOp("forward", s + k) for k in range(best_j))
-        stack.append((s, best_j, cc))
-        stack.append((s + best_j, n - best_j, cc - 1))
-    return ops

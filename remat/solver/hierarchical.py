@@ -1,13 +1,14 @@
 """``hierarchical``: exact partial saves inside blocks, rotor's DP across them.
 
 The step is decomposed into blocks: the stages of its chain view (module boundaries or
-articulation points of the forward graph, :func:`remat.ir.chain.chain_view`), merged down to
-what the DP can fill in time. For each block, a small exact MILP (:mod:`remat.solver.blocks`)
-gives the frontier of *partial saves*: which of its activations to keep through the rest of
-the step and which of its forward nodes to run again before its backward, for a few caps on
-the kept bytes; structurally identical blocks (a canonical hash, names ignored) are solved
-once. Rotor's dynamic program across the blocks then chooses, per sub-chain and memory, to
-checkpoint a block boundary, keep all of a block, or take one of its partial saves
+articulation points of the forward graph, :func:`remat.ir.chain.chain_view`), merged in equal
+groups down to what the DP can fill in time (:func:`remat.solver.rotor.dp_chain`). For each
+block, a small exact MILP (:mod:`remat.solver.blocks`) gives the frontier of *partial saves*:
+which of its activations to keep through the rest of the step and which of its forward nodes
+to run again before its backward, for a few caps on the kept bytes; structurally identical
+blocks (a canonical hash, names ignored) are solved once. Rotor's dynamic program across the
+blocks then chooses, per sub-chain and memory, to checkpoint a block boundary, keep all of a
+block, or take one of its partial saves
 (:func:`remat.solver.chain_dp.rotor_table` with ``options``). The chain schedule is expanded
 to one op-level plan and judged by the simulator; as for rotor, the memory planned for is
 lowered until the expanded plan fits. Rotor's plans lie in this DP's class, so on the chain
@@ -38,14 +39,14 @@ import time
 from collections.abc import Sequence
 
 from remat.ir import InvalidPlanError, Plan
-from remat.ir.chain import Chain, CutKind, chain_view, expand
-from remat.ir.result import Progress, SolveResult
+from remat.ir.chain import Chain, CutKind, expand
+from remat.ir.result import Progress, SolveResult, best_result
 from remat.solver.base import register
 from remat.solver.blocks import boundary_keep_plan, stage_options
-from remat.solver.chain_dp import StageOption, fit_chain_plan, stage_cap, trivial_result
+from remat.solver.chain_dp import StageOption, fit_chain_plan, trivial_result
 from remat.solver.deadline import Deadline, judging_s
 from remat.solver.problem import Problem
-from remat.solver.rotor import RotorOptions, rotor_within, table_within
+from remat.solver.rotor import RotorOptions, dp_chain, memory_slots, rotor_within, table_within
 
 
 @register(
@@ -91,7 +92,7 @@ def solve_hierarchical(
     if start_plans is None:
         rotor = rotor_within(
             problem,
-            deadline.share(0.3, reserve_s=keep_s),
+            deadline.share(0.2, reserve_s=keep_s),
             mem_slots=mem_slots,
             cuts=cuts,
             max_stages=max_stages,
@@ -105,14 +106,50 @@ def solve_hierarchical(
     )
     if every_boundary is not None:
         extra.append(every_boundary)
-    cap = stage_cap(mem_slots) if max_stages is None else max_stages
-    ch = chain_view(graph, cuts=cuts, max_stages=cap)
-    room = problem.room_bytes
-    slot = max(room, problem.eager.peak_dynamic_bytes, 1) / mem_slots
-    top = min(mem_slots, int(room // slot)) if room > 0 else -1
+    slot, top = memory_slots(problem, mem_slots)
     if top < 0:
         return _best_extra(problem, extra, t0)
-    blocks_deadline = deadline.share(0.4, reserve_s=keep_s)
+    # Blocks of several sizes: the graph's own stages merged in groups of k. Larger blocks
+    # give the block MILPs more to choose from (a partial save across a whole layer), smaller
+    # ones give the DP more boundaries; which wins depends on the model and the budget, so
+    # each grouping gets a share of the time and the simulator picks.
+    groupings = GROUPINGS if max_stages is None else (1,)
+    results: list[SolveResult] = []
+    tried: set[int] = set()
+    for i, k in enumerate(groupings):
+        if results and deadline.left_s() < keep_s:
+            break
+        ch = dp_chain(graph, cuts, slot, top, max_stages=max_stages, every=k)
+        if ch.num_stages in tried or (ch.num_stages < 2 and tried):
+            continue
+        tried.add(ch.num_stages)
+        share = deadline.share(1.0 / (len(groupings) - i), reserve_s=keep_s)
+        r = _on_chain(problem, ch, slot, top, share, t0)
+        if r is not None:
+            results.append(r)
+            _report(problem, f"blocks of {k} stage(s): {ch.num_stages} blocks", t0, r)
+    results.extend(problem.result(p, solver=NAME, started=t0) for p in extra)
+    best = best_result(results)
+    if best is None:
+        return _best_extra(problem, extra, t0)
+    _report(problem, "done", t0, best)
+    return best.model_copy(update={"solve_time_s": time.perf_counter() - t0})
+
+
+GROUPINGS = (4, 2, 6, 3, 1)
+"""Group sizes (stages of the graph's own chain per block) that ``hierarchical`` tries, in
+this order (the ones that won most often on transformers first: with 500 memory slots a
+single layer of a deep model is a few slots, too coarse for its partial saves; the graph's
+own stages, the largest DP, last)."""
+
+
+def _on_chain(
+    problem: Problem, ch: Chain, slot: float, top: int, deadline: Deadline, t0: float
+) -> SolveResult | None:
+    """The best plan of the DP across the blocks of ``ch`` with their partial saves, None
+    when the time ran out or the chain has no schedule within the budget."""
+    graph = problem.graph
+    blocks_deadline = deadline.share(0.5)
 
     def options_of(c: Chain) -> tuple[tuple[StageOption, ...], ...]:
         so = stage_options(graph, c.stages, deadline=blocks_deadline)
@@ -128,13 +165,13 @@ def solve_hierarchical(
             for st, opts in zip(c.stages, so.options, strict=True)
         )
 
-    got = table_within(ch, slot, top, deadline.share(1.0, reserve_s=keep_s), options_of=options_of)
+    got = table_within(ch, slot, top, deadline, options_of=options_of)
     if got is None:
-        return _best_extra(problem, extra, t0)
+        return None
     ch, table = got
     root = table.cost[0, ch.num_stages]
     if not math.isfinite(root[top]):
-        return _best_extra(problem, extra, t0)
+        return None
 
     def plan_for(m: int) -> Plan | None:
         if m < 0 or not math.isfinite(root[m]):
@@ -142,19 +179,9 @@ def solve_hierarchical(
         return expand(ch, table.schedule(m))
 
     try:
-        r = fit_chain_plan(
-            problem,
-            plan_for,
-            top,
-            solver=NAME,
-            started=t0,
-            deadline=deadline,
-            extra_plans=extra,
-        )
+        return fit_chain_plan(problem, plan_for, top, solver=NAME, started=t0, deadline=deadline)
     except InvalidPlanError:  # pragma: no cover - expand builds valid plans
-        return _best_extra(problem, extra, t0)
-    _report(problem, "done", t0, r)
-    return r
+        return None
 
 
 NAME = "hierarchical"

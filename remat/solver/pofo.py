@@ -28,13 +28,13 @@ import numpy as np
 from pydantic import Field
 
 from remat.ir import Plan
-from remat.ir.chain import ChainOp, CutKind, chain_view, expand
+from remat.ir.chain import ChainOp, CutKind, expand
 from remat.ir.result import SolveResult
 from remat.solver.base import register
-from remat.solver.chain_dp import fit_chain_plan, min_chain_slots, stage_cap, trivial_result
+from remat.solver.chain_dp import fit_chain_plan, min_chain_slots, trivial_result
 from remat.solver.deadline import Deadline, judging_s
 from remat.solver.problem import Problem
-from remat.solver.rotor import RotorOptions, rotor_within, table_within
+from remat.solver.rotor import RotorOptions, dp_chain, memory_slots, rotor_within, table_within
 
 
 def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
@@ -121,11 +121,10 @@ def solve_pofo(
         )
         start_plans = [rotor.plan] if rotor.plan is not None else []
     extra = list(start_plans)
-    cap = stage_cap(mem_slots) if max_stages is None else max_stages
     room = problem.room_bytes
-    slot = max(room, problem.eager.peak_dynamic_bytes, 1) / mem_slots
+    slot, _ = memory_slots(problem, mem_slots)
     got = table_within(
-        chain_view(graph, cuts=cuts, max_stages=cap),
+        dp_chain(graph, cuts, slot, mem_slots, max_stages=max_stages),
         slot,
         mem_slots,
         deadline.share(1.0, reserve_s=keep_s),

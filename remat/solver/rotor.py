@@ -7,10 +7,12 @@ is an estimate of the op-level memory (stages are summarised by a few byte count
 expanded plan is checked and, when it overshoots the budget, the memory planned for is lowered
 until it fits (:func:`remat.solver.chain_dp.fit_chain_plan`).
 
-The time limit holds: chains longer than :func:`~remat.solver.chain_dp.stage_cap` (counted
-work) are merged, the DP only fills the memory up to the budget, checks the deadline per
-sub-chain end and, when its share runs out, is filled again on a chain with half the stages;
-time is kept for expanding and simulating the plan.
+The time limit holds: a chain whose DP would fill more than
+:data:`~remat.solver.chain_dp.WORK_LIMIT` cells (counted before filling,
+:func:`~remat.solver.chain_dp.dp_cells`) has its stages merged in equal groups (:func:`dp_chain`),
+the DP only fills the memory up to the budget, checks the deadline per sub-chain end and, when
+its share runs out, is filled again on a chain with half the stages; time is kept for expanding
+and simulating the plan.
 
 References
 ----------
@@ -21,26 +23,28 @@ memory." arXiv:1911.13214, 2019 (the rotor dynamic program).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import cast
 
 import numpy as np
 from pydantic import Field
 
-from remat.ir import InvalidPlanError, Plan
-from remat.ir.chain import Chain, CutKind, chain_view, expand
+from remat.ir import Graph, InvalidPlanError, Plan
+from remat.ir.chain import Chain, CutKind, chain_of_cuts, chain_view, expand
+from remat.ir.cuts import Cut
 from remat.ir.result import SolveResult, best_result
 from remat.solver.base import SolverOptions, register
 from remat.solver.chain_dp import (
+    WORK_LIMIT,
     ChainArrays,
     RotorTable,
     StageOption,
+    dp_cells,
     fit_chain_plan,
     min_chain_slots,
     rotor_table,
-    stage_cap,
     trivial_result,
 )
 from remat.solver.deadline import Deadline, Expired, judging_s
@@ -62,7 +66,7 @@ class RotorOptions(SolverOptions):
         None,
         ge=1,
         le=MAX_STAGES,
-        description="Merge stages down to this many (the DP is cubic in the stages).",
+        description="Merge stages down to this many (default: as the DP's counted work allows).",
     )
 
 
@@ -82,7 +86,8 @@ def solve_rotor(
     """Rotor's dynamic program for persistent checkpointing on the graph's chain view.
 
     Memory is discretised into ``mem_slots`` slots of the larger of the budget and the eager
-    peak; the DP is O(L^3 * mem_slots), vectorised over memory and split points.
+    peak; the DP is O(L^3 * mem_slots), vectorised over memory and split points, and fills
+    identical sub-chains once (O(L^2 * mem_slots) on a chain of repeated layers).
 
     Parameters
     ----------
@@ -91,8 +96,8 @@ def solve_rotor(
     cuts
         Which cuts make the chain (see :func:`remat.ir.chain.chain_view`).
     max_stages
-        Merge stages down to this many (default: as many as the DP fills in a few seconds,
-        :func:`remat.solver.chain_dp.stage_cap`).
+        Merge stages down to this many (default: in equal groups, as few as keep the DP's
+        counted work within a second or two, :func:`dp_chain`).
 
     References
     ----------
@@ -126,12 +131,12 @@ def rotor_within(
         return triv
     graph = problem.graph
     keep_s = judging_s(problem.graph.num_nodes)
-    cap = stage_cap(mem_slots) if max_stages is None else max_stages
-    views = [chain_view(graph, cuts=cuts, max_stages=cap)]
+    slot, top = memory_slots(problem, mem_slots)
+    views = [dp_chain(graph, cuts, slot, top, max_stages=max_stages)]
     if cuts == "auto":
         # both views: the DP's cautious memory model can favour either on a given graph
         other: CutKind = "blocks" if views[0].cut_kind == "articulation" else "articulation"
-        alt = chain_view(graph, cuts=other, max_stages=cap)
+        alt = dp_chain(graph, other, slot, top, max_stages=max_stages)
         if alt.num_stages > 1:
             views.append(alt)
     results: list[SolveResult] = []
@@ -154,6 +159,56 @@ def rotor_within(
     return best
 
 
+def memory_slots(problem: Problem, mem_slots: int) -> tuple[float, int]:
+    """The slot size (bytes) for ``mem_slots`` slots over the larger of the room and the eager
+    peak, and the most slots the budget leaves (-1 when it leaves no room)."""
+    room = problem.room_bytes
+    slot = max(room, problem.eager.peak_dynamic_bytes, 1) / mem_slots
+    return slot, (min(mem_slots, int(room // slot)) if room > 0 else -1)
+
+
+def dp_chain(
+    graph: Graph,
+    cuts: CutKind,
+    slot_bytes: float,
+    num_slots: int,
+    *,
+    max_stages: int | None = None,
+    work: float = WORK_LIMIT,
+    every: int = 1,
+) -> Chain:
+    """The chain the DP runs on: with ``max_stages``, :func:`chain_view`'s; otherwise the
+    graph's own chain with its stages merged in groups of ``k``, for the smallest ``k`` (at
+    least ``every``) whose DP over ``num_slots`` slots fills at most ``work`` cells
+    (:func:`dp_cells`, counted before filling). Merging in equal groups keeps a chain of
+    repeated layers one of repeated stages, whose sub-chains the DP fills once (evenly spaced
+    merging would not)."""
+    if max_stages is not None:
+        return chain_view(graph, cuts=cuts, max_stages=max_stages)
+    while True:
+        ch = chain_view(graph, cuts=cuts, every=every)
+        if ch.num_stages > MAX_STAGES:
+            every = math.ceil(every * ch.num_stages / MAX_STAGES)
+            continue
+        if ch.num_stages <= 2:
+            return ch
+        cells = dp_cells(ChainArrays.of(ch, slot_bytes), max(num_slots, 1))
+        if cells <= work:
+            return ch
+        # the work grows with the square of the stages on a chain of repeated layers
+        every = max(every + 1, math.floor(every * math.sqrt(cells / work)))
+
+
+def coarser(ch: Chain) -> Chain:
+    """``ch`` with every other cut kept: stages merged in pairs."""
+    graph = ch.graph
+    cuts = [
+        Cut(graph.node_position(st.forward_nodes[-1]), nxt.input_values, nxt.input_bytes)
+        for st, nxt in itertools.pairwise(ch.stages)
+    ]
+    return chain_of_cuts(graph, cuts[1::2], ch.cut_kind)
+
+
 def table_within(
     ch: Chain,
     slot_bytes: float,
@@ -163,10 +218,10 @@ def table_within(
     options_of: Callable[[Chain], tuple[tuple[StageOption, ...], ...] | None] | None = None,
 ) -> tuple[Chain, RotorTable] | None:
     """The rotor table of ``ch`` or, when its share of the deadline passes while it is
-    filled, of the same graph's chain with half the stages (a DP an eighth as long), again and
-    again; None once a two-stage chain fails. Each attempt but the last possible one gets half
-    the time left, so that a coarser one can still finish. ``transfer_of`` gives POFO's
-    per-stage copy times for a chain, ``options_of`` the partial saves of its stages."""
+    filled, of the same graph's chain with half the stages (:func:`coarser`), again and again;
+    None once a two-stage chain fails. Each attempt but the last possible one gets half the
+    time left, so that a coarser one can still finish. ``transfer_of`` gives POFO's per-stage
+    copy times for a chain, ``options_of`` the partial saves of its stages."""
     while True:
         arr = ChainArrays.of(ch, slot_bytes)
         tr = None if transfer_of is None else transfer_of(ch)
@@ -177,8 +232,7 @@ def table_within(
         except Expired:
             if ch.num_stages <= 2 or deadline.expired():
                 return None
-            kind = cast(CutKind, ch.cut_kind)
-            ch = chain_view(ch.graph, cuts=kind, max_stages=max(2, ch.num_stages // 2))
+            ch = coarser(ch)
 
 
 def _rotor_on(
@@ -190,10 +244,7 @@ def _rotor_on(
     deadline: Deadline,
     solver: str,
 ) -> SolveResult | None:
-    room = problem.room_bytes
-    scale = max(room, problem.eager.peak_dynamic_bytes, 1)
-    slot = scale / mem_slots
-    top = min(mem_slots, int(room // slot)) if room > 0 else -1
+    slot, top = memory_slots(problem, mem_slots)
     # the DP only needs m <= top; the whole range only when top has no schedule
     got = table_within(ch, slot, max(top, 0), dp_deadline)
     if got is not None and not math.isfinite(got[1].cost[0, got[0].num_stages][max(top, 0)]):

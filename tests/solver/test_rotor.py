@@ -11,7 +11,8 @@ from remat.ir import eager_plan, simulate
 from remat.ir.chain import chain_view
 from remat.ir.synthetic import chain, transformer
 from remat.solver import get
-from remat.solver.chain_dp import ChainArrays, revolve_table, rotor_table
+from remat.solver.chain_dp import ChainArrays, rotor_table, subchain_classes
+from remat.solver.revolve import revolve_table
 
 
 def griewank_extra_forwards(steps: int, snapshots: int) -> int:
@@ -106,3 +107,55 @@ def test_revolve_on_a_homogeneous_chain_and_rotor_on_a_transformer() -> None:
 def test_bad_slots_are_named() -> None:
     with pytest.raises(ValueError, match="mem_slots"):
         get("rotor")(chain(3), 10**9, mem_slots=0)
+
+
+@pytest.mark.parametrize("cuts", ["articulation", "blocks"])
+def test_identical_subchains_are_filled_once_with_the_same_costs(cuts: str) -> None:
+    g = transformer(24)
+    ch = chain_view(g, cuts=cuts)  # type: ignore[arg-type]
+    arr = ChainArrays.of(ch, simulate(g, eager_plan(g)).peak_dynamic_bytes / 300)
+    L = arr.num_stages
+    shared = rotor_table(arr, 300)
+    alone = rotor_table(arr, 300, share=False)
+    assert alone.filled_subchains == L * (L + 1) // 2
+    # repeated layers: a few sub-chains per length, not one per start
+    assert shared.filled_subchains <= 8 * L
+    assert shared.split_cells < alone.split_cells / 1.5  # the saving grows with the layers
+    for s in range(L):
+        for t in range(s + 1, L + 1):
+            x, y = shared.cost[s, t], alone.cost[s, t]
+            assert np.array_equal(np.isinf(x), np.isinf(y))
+            assert np.allclose(x[np.isfinite(x)], y[np.isfinite(y)], rtol=1e-12, atol=0)
+    root = shared.cost[0, L]
+    for m in np.flatnonzero(np.isfinite(root))[::25]:
+        ops = shared.schedule(int(m))
+        # the schedule read back costs what the table says
+        run = sum(arr.f[o.stage] if o.kind == "forward" else arr.b[o.stage] for o in ops)
+        assert run == pytest.approx(root[m], rel=1e-9)
+
+
+def test_subchains_of_different_stages_are_not_shared() -> None:
+    rng = np.random.default_rng(1)
+    L = 20
+    arr = ChainArrays(
+        f=np.ones(L),
+        b=np.ones(L) * 2,
+        a=np.concatenate([[0], rng.integers(1, 3, L - 1), [0]]),
+        abar=rng.integers(1, 4, L),
+        ftmp=np.zeros(L, dtype=int),
+        fall=np.zeros(L, dtype=int),
+        btmp=np.zeros(L, dtype=int),
+        slot_bytes=1.0,
+    )
+    index, n = subchain_classes(arr)
+    # two sub-chains share a class only when their stages' figures and next cut are equal
+    for s in range(L):
+        for t in range(s + 1, L + 1):
+            for s2 in range(L):
+                t2 = s2 + (t - s)
+                if t2 <= L and (s2, t2) != (s, t) and index[s, t] == index[s2, t2]:
+                    assert np.array_equal(arr.a[s : t + 1], arr.a[s2 : t2 + 1])
+                    assert np.array_equal(arr.abar[s:t], arr.abar[s2:t2])
+    assert n < L * (L + 1) // 2  # a 2-symbol cut alphabet repeats
+    t = rotor_table(arr, 60)
+    assert t.filled_subchains == n

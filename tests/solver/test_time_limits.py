@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from remat.ir import Graph, eager_plan, simulate
-from remat.ir.chain import chain_view
+from remat.ir.chain import Chain, chain_view
 from remat.ir.synthetic import transformer
-from remat.solver.chain_dp import ChainArrays, rotor_table, stage_cap
+from remat.solver.chain_dp import ChainArrays, dp_cells, rotor_table
 from remat.solver.deadline import Deadline, Expired
 from remat.solver.problem import Problem
-from remat.solver.rotor import rotor_within
+from remat.solver.rotor import dp_chain, rotor_within
 
 
 def frac_budget(g: Graph, frac: float) -> int:
@@ -71,14 +71,16 @@ def test_rotor_coarsens_the_chain_when_the_dp_runs_out(monkeypatch: pytest.Monke
 
     g = transformer(8)
     b = frac_budget(g, 0.5)
-    asked: list[int | None] = []
-    real = rotor.chain_view
+    asked: list[int] = []
+    real = rotor.coarser
 
-    def spy(graph: Graph, **kw: object) -> object:
-        asked.append(kw.get("max_stages"))  # type: ignore[arg-type]
-        return real(graph, **kw)  # type: ignore[arg-type]
+    def spy(ch: Chain) -> Chain:
+        asked.append(ch.num_stages)
+        out = real(ch)
+        asked.append(out.num_stages)
+        return out
 
-    monkeypatch.setattr(rotor, "chain_view", spy)
+    monkeypatch.setattr(rotor, "coarser", spy)
     # the full chain's DP is slow: by its sixth reading 60 of the 100 s are gone (past its
     # half-share); after that time passes slowly and the halved chain's DP finishes
     readings = itertools.count()
@@ -88,16 +90,26 @@ def test_rotor_coarsens_the_chain_when_the_dp_runs_out(monkeypatch: pytest.Monke
         return float(k) if k < 6 else 60.0 + 0.01 * k
 
     r = rotor_within(Problem.build(g, b), Deadline(at=100.0, clock=clock), cuts="blocks")
-    assert asked[-1] == 6  # 12 stages, then 6
+    assert asked == [12, 6]  # 12 stages, then every other cut
     assert r.status == "feasible" and r.plan is not None
     assert simulate(g, r.plan).peak_bytes <= b
 
 
-def test_stage_cap_is_counted_work() -> None:
-    assert stage_cap(500) >= 192  # the 192-layer transformer's chain is not merged
-    assert stage_cap(500, work=1e6) < stage_cap(500)
-    L = stage_cap(500)
-    assert L**3 / 6 * 501 <= 1e9 * 1.05
+def test_the_dp_chain_is_picked_by_counted_work() -> None:
+    g = transformer(48)
+    slot = simulate(g, eager_plan(g)).peak_dynamic_bytes / 500
+    own = chain_view(g, cuts="blocks")
+    arr = ChainArrays.of(own, slot)
+    cells = dp_cells(arr, 500)
+    assert cells == rotor_table(arr, 500).split_cells  # counted before filling, exactly
+    assert dp_chain(g, "blocks", slot, 500).num_stages == own.num_stages  # within the limit
+    small = dp_chain(g, "blocks", slot, 500, work=cells / 10)
+    assert small.num_stages < own.num_stages
+    assert dp_cells(ChainArrays.of(small, slot), 500) <= cells / 10
+    # merged in equal groups: the repeated layers stay repeated stages
+    inner = [(s.forward_time_s, s.all_bytes) for s in small.stages[2:-2]]
+    assert len(set(inner)) <= 2
+    assert dp_chain(g, "blocks", slot, 500, max_stages=7).num_stages == 7
 
 
 def test_mip_start_scan_checks_its_deadline_and_matches_a_plain_scan() -> None:
