@@ -14,6 +14,16 @@ the class fits.
   knapsack over the room; its LP relaxation (the greedy fractional knapsack, exact for the
   relaxation) bounds the extra time from below. At the forward/backward cut this is the
   knapsack of the issue; :func:`cut_bounds` takes the best over a spread of cuts.
+* :func:`closure_bound`: the same cut with recomputation's inputs counted. A producer that
+  runs again after ``c`` reads its own inputs then, so each of them is resident at ``c`` or
+  made again after ``c`` too (the set of nodes run again is closed under that rule), and
+  values that eager PyTorch freed before ``c`` may have to be held across it. Dropping a
+  cheap elementwise output only saves memory when its input is held or recomputed as well,
+  which the plain knapsack ignores. Solved as an LP over "resident at c" and "runs again
+  after c" variables (or a MIP within the time limit, whose proven bound is used); always at
+  least the plain knapsack at the same cut (the knapsack is this LP without the closure
+  rows). :func:`closure_bounds` takes the forward/backward cut and the cuts where the plain
+  knapsack is largest.
 * :func:`lp_bound`: the LP relaxation of Checkmate's MILP without any of its optional
   restrictions (exact class), where the model is small enough to build and solve in time.
 
@@ -37,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from remat.ir import Graph
+from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline, Expired
 
 LP_BOUND_MAX_NODES = 64
@@ -179,6 +190,127 @@ def cut_bounds(
     )
 
 
+def closure_bound(
+    graph: Graph,
+    budget_bytes: int,
+    position: int,
+    *,
+    deadline: Deadline | None = None,
+    integer: bool = False,
+) -> LowerBound | None:
+    """The relaxation at the first run of the node at ``position`` with recomputation's
+    inputs counted (see the module docstring): which values are resident then and which
+    earlier nodes run again after it, closed under "a node that runs again reads its inputs,
+    resident or made again", within the room. Its LP relaxation (or, with ``integer``, the
+    MIP's proven bound within the deadline); None when no bound was proven in time."""
+    if not 0 <= position < graph.num_nodes:
+        raise ValueError(f"position must be in [0, {graph.num_nodes}), got {position}")
+    base = eager_bound(graph).time_s
+    if budget_bytes < graph.static_bytes + graph.input_bytes:
+        return LowerBound("closure", math.inf, "the budget is below what is held")
+    ix = _CutIndex.of(graph, budget_bytes)
+    c = position
+    node = graph.nodes[c]
+    vindex = {v: i for i, v in enumerate(ix.values)}
+    inputs = {vindex[x] for x in node.inputs if x in vindex}
+    fixed = float(sum(ix.size[i] for i in inputs))
+    fixed += sum(
+        graph.value(o).size_bytes
+        for o in node.outputs
+        if not graph.is_static(o) and graph.value(o).kind != "input"
+    )
+    fixed += node.workspace_bytes
+    cap = ix.room_bytes - fixed
+    if cap < 0:
+        return LowerBound("closure", math.inf, f"node {node.id!r} alone exceeds the room")
+    live = np.flatnonzero((ix.producer < c) & (ix.last_need >= c)).tolist()
+    m = SparseModel()
+    scale_t = max(float(ix.node_time.max(initial=0.0)), 1e-30)
+    scale_b = max(float(ix.size.max(initial=0.0)), 1.0)
+    x: dict[int, int] = {}  # value -> column (resident at c)
+    y: dict[int, int] = {}  # node -> column (runs again after c)
+    todo: list[int] = []
+
+    def x_of(v: int) -> int:
+        if v not in x:
+            x[v] = m.add_col(f"x{v}", 0.0, 1.0)
+        return x[v]
+
+    def y_of(p: int) -> int | None:
+        if not ix.rerun[p]:
+            return None
+        if p not in y:
+            y[p] = m.add_col(f"y{p}", 0.0, 1.0, integer=integer, cost=ix.node_time[p] / scale_t)
+            todo.append(p)
+        return y[p]
+
+    for v in live:
+        if v in inputs:
+            continue
+        yp = y_of(int(ix.producer[v]))
+        m.add_row([(x_of(v), 1.0)] + ([(yp, 1.0)] if yp is not None else []), 1.0, math.inf)
+    while todo:
+        if deadline is not None and deadline.expired():
+            return None
+        p = todo.pop()
+        for u_id in graph.nodes[p].inputs:
+            u = vindex.get(u_id)
+            if u is None or u in inputs:
+                continue  # static, a graph input, or resident anyway (read by c)
+            yu = y_of(int(ix.producer[u]))
+            terms = [(x_of(u), 1.0), (y[p], -1.0)] + ([(yu, 1.0)] if yu is not None else [])
+            m.add_row(terms, 0.0, math.inf)
+    if not x:
+        return LowerBound("closure", base, f"nothing is needed across node {node.id!r}")
+    sizes = [(col, float(ix.size[v]) / scale_b) for v, col in x.items()]
+    m.add_row(sizes, -math.inf, cap / scale_b)
+    left = None if deadline is None else deadline.left_s()
+    if left is not None and left <= 0.05:
+        return None
+    sol = m.solve(relax=not integer, time_limit_s=left)
+    if sol.status == "infeasible":
+        return LowerBound("closure", math.inf, f"nothing fits at node {node.id!r}")
+    if sol.bound is None or not math.isfinite(sol.bound):
+        return None
+    # the solver's tolerances: shave a millionth off the proven extra time
+    extra = max(0.0, sol.bound) * scale_t * (1 - 1e-6)
+    kind = "MIP bound" if integer else "LP"
+    return LowerBound("closure", base + extra, f"{kind} at node {node.id!r}")
+
+
+def closure_bounds(
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    max_cuts: int = 3,
+    deadline: Deadline | None = None,
+    integer: bool = False,
+) -> LowerBound | None:
+    """The best :func:`closure_bound` over the forward/backward cut and the cuts where the
+    plain knapsack (:func:`cut_bound`) is largest, up to ``max_cuts`` of them, before
+    ``deadline``; None when none was proven."""
+    n = graph.num_nodes
+    if n == 0:
+        return None
+    ix = _CutIndex.of(graph, budget_bytes)
+    first_bwd = next((i for i, nd in enumerate(graph.nodes) if nd.phase == "backward"), n - 1)
+    spread = np.linspace(0, n - 1, num=min(n, 48)).round().astype(int)
+    ranked = sorted(
+        dict.fromkeys(int(c) for c in spread if c != first_bwd),
+        key=lambda c: -_extra_at(graph, ix, c),
+    )
+    best: LowerBound | None = None
+    for c in [first_bwd, *ranked][: max(1, max_cuts)]:
+        if deadline is not None and deadline.expired():
+            break
+        b = closure_bound(graph, budget_bytes, c, deadline=deadline, integer=integer)
+        if b is not None and (best is None or b.time_s > best.time_s):
+            best = b
+        if best is not None and math.isinf(best.time_s):
+            break
+    return best
+
+
 def lp_bound(
     graph: Graph, budget_bytes: int, *, deadline: Deadline | None = None
 ) -> LowerBound | None:
@@ -224,11 +356,16 @@ def best_bound(
     offload: bool = False,
     lp: bool = True,
 ) -> LowerBound:
-    """The largest of the bounds above that fit before ``deadline``. With ``offload`` (plans
-    may move values to the host) only the eager bound holds."""
+    """The largest of the bounds above that fit before ``deadline``: the knapsacks at cuts on
+    a quarter of the time, then the closure relaxations, then (small graphs) the exact LP.
+    With ``offload`` (plans may move values to the host) only the eager bound holds."""
     bounds = [eager_bound(graph)]
     if not offload:
-        bounds.append(cut_bounds(graph, budget_bytes, deadline=deadline))
+        quarter = None if deadline is None else deadline.share(0.25)
+        bounds.append(cut_bounds(graph, budget_bytes, deadline=quarter))
+        closure = closure_bounds(graph, budget_bytes, deadline=deadline)
+        if closure is not None:
+            bounds.append(closure)
         if lp:
             b = lp_bound(graph, budget_bytes, deadline=deadline)
             if b is not None:

@@ -16,7 +16,15 @@ from oracle import oracle
 from remat import solver
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.synthetic import random_layered_dag, transformer
-from remat.solver.bounds import best_bound, cut_bound, cut_bounds, eager_bound, lp_bound
+from remat.solver.bounds import (
+    best_bound,
+    closure_bound,
+    closure_bounds,
+    cut_bound,
+    cut_bounds,
+    eager_bound,
+    lp_bound,
+)
 from remat.solver.deadline import Deadline
 
 FRACS = st.sampled_from([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
@@ -29,6 +37,14 @@ def frac_budget(g: Graph, frac: float) -> int:
 def all_bounds(g: Graph, b: int) -> list[float]:
     out = [eager_bound(g).time_s, cut_bounds(g, b).time_s]
     out += [cut_bound(g, b, c).time_s for c in range(g.num_nodes)]
+    for integer in (False, True):
+        for c in range(g.num_nodes):
+            cl = closure_bound(g, b, c, integer=integer)
+            assert cl is not None  # no deadline: always proven
+            out.append(cl.time_s)
+        many = closure_bounds(g, b, max_cuts=g.num_nodes, integer=integer)
+        assert many is not None
+        out.append(many.time_s)
     lp = lp_bound(g, b)
     if lp is not None:
         out.append(lp.time_s)
@@ -101,3 +117,27 @@ def test_bounds_at_size_stay_cheap_and_respect_a_deadline() -> None:
 def test_cut_bound_names_a_bad_position() -> None:
     with pytest.raises(ValueError, match="position"):
         cut_bound(chain_step(), 10**6, 99)
+
+
+def test_closure_bound_is_at_least_the_knapsack_at_each_cut() -> None:
+    g = transformer(2)
+    b = frac_budget(g, 0.6)
+    for c in range(0, g.num_nodes, 7):
+        cl = closure_bound(g, b, c)
+        assert cl is not None
+        assert cl.time_s >= cut_bound(g, b, c).time_s * (1 - 1e-6)
+    # counting the inputs of recomputation is what lifts it: at the forward/backward cut of a
+    # transformer, dropping cheap elementwise outputs frees nothing without their inputs
+    first_bwd = next(i for i, n in enumerate(g.nodes) if n.phase == "backward")
+    cl = closure_bound(g, b, first_bwd)
+    assert cl is not None and cl.time_s > cut_bound(g, b, first_bwd).time_s * (1 + 1e-3)
+
+
+def test_closure_bounds_respect_a_deadline_and_name_a_bad_position() -> None:
+    g = transformer(2)
+    b = frac_budget(g, 0.5)
+    assert closure_bounds(g, b, deadline=Deadline(at=0.0, clock=lambda: 1.0)) is None
+    assert closure_bound(g, b, 3, deadline=Deadline(at=0.0, clock=lambda: 1.0)) is None
+    assert math.isinf(closure_bounds(g, 0).time_s)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="position"):
+        closure_bound(g, b, g.num_nodes)
