@@ -63,7 +63,7 @@ class Solver(Protocol):
 SolverFn = Callable[..., SolveResult]
 """A registered solver function: ``fn(problem: Problem, **options) -> SolveResult``."""
 
-INTERNAL_OPTIONS = frozenset({"start_plans"})
+INTERNAL_OPTIONS = frozenset({"start_plans", "good_enough_s"})
 """Keyword parameters a solver accepts from Python (``auto``) but that are not user options."""
 
 

@@ -62,6 +62,7 @@ def solve_hierarchical(
     cuts: CutKind = "auto",
     max_stages: int | None = None,
     start_plans: Sequence[Plan] | None = None,
+    good_enough_s: float | None = None,
 ) -> SolveResult:
     """Blocks solved exactly for a frontier of partial saves, combined by rotor's DP (see the
     module docstring).
@@ -74,6 +75,9 @@ def solve_hierarchical(
     start_plans
         Plans to keep when they are faster (``auto`` hands over rotor's); by default rotor's
         DP runs here for one. A Python keyword, not a service option.
+    good_enough_s
+        Stop trying block sizes once a plan within the budget takes at most this long
+        (``auto`` passes its proven bound plus its gap tolerance). A Python keyword too.
 
     References
     ----------
@@ -114,10 +118,14 @@ def solve_hierarchical(
     # ones give the DP more boundaries; which wins depends on the model and the budget, so
     # each grouping gets a share of the time and the simulator picks.
     groupings = GROUPINGS if max_stages is None else (1,)
-    results: list[SolveResult] = []
+    results = [problem.result(p, solver=NAME, started=t0) for p in extra]
     tried: set[int] = set()
     for i, k in enumerate(groupings):
         if results and deadline.left_s() < keep_s:
+            break
+        best = best_result(results)
+        best_s = best.total_time_s if best is not None and best.fits else None
+        if good_enough_s is not None and best_s is not None and best_s <= good_enough_s:
             break
         ch = dp_chain(graph, cuts, slot, top, max_stages=max_stages, every=k)
         if ch.num_stages in tried or (ch.num_stages < 2 and tried):
@@ -128,7 +136,6 @@ def solve_hierarchical(
         if r is not None:
             results.append(r)
             _report(problem, f"blocks of {k} stage(s): {ch.num_stages} blocks", t0, r)
-    results.extend(problem.result(p, solver=NAME, started=t0) for p in extra)
     best = best_result(results)
     if best is None:
         return _best_extra(problem, extra, t0)

@@ -117,3 +117,19 @@ def test_op_names_outside_ascii() -> None:
     assert so.complete
     r = solver.get("hierarchical")(renamed, frac_budget(renamed, 0.6), time_limit_s=20)
     assert r.status in ("optimal", "feasible")
+
+
+def test_stops_trying_block_sizes_once_good_enough() -> None:
+    from remat.solver.problem import Problem
+
+    g = transformer(6)
+    b = frac_budget(g, 0.5)
+    phases: list[str] = []
+    p = Problem.build(g, b, on_progress=lambda pr: phases.append(pr.phase))
+    quick = solver.info("hierarchical").run(p, good_enough_s=float("inf"))
+    # rotor's plan fits, so no block size is tried
+    assert quick.fits and not any(ph.startswith("blocks of") for ph in phases)
+    phases.clear()
+    full = solver.info("hierarchical").run(p)
+    assert sum(ph.startswith("blocks of") for ph in phases) >= 3
+    assert full.fits and (full.total_time_s or 0) < (quick.total_time_s or 0)
