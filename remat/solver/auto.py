@@ -5,12 +5,14 @@
 2. A lower bound valid over the whole recompute-only class at any size
    (:func:`remat.solver.bounds.best_bound`: the knapsack relaxations at cuts of the step, the
    exact model's LP on small graphs), on a tenth of the time.
-3. Fast heuristics and chain DPs, cheapest first (``checkpoint-all``, Chen's greedy, ``rotor``;
-   ``pofo`` when offloading is allowed), each a fraction of a second to a few seconds.
-4. Graphs of up to :data:`MILP_MAX_NODES` nodes: ``hierarchical`` and ``lp-round``, then the
-   exact MILP (``milp``) with the time left, started from the plans found. Larger graphs, where
-   the whole-graph MILP does not fit the time: ``hierarchical`` with the time left (blocks
-   solved exactly, rotor's DP across them).
+3. Graphs of up to :data:`MILP_MAX_NODES` nodes: fast heuristics and chain DPs, cheapest
+   first (``checkpoint-all``, Chen's greedy, ``rotor``; ``pofo`` when offloading is allowed),
+   ``hierarchical`` and ``lp-round``, then the exact MILP (``milp``) with the time left,
+   started from the plans found.
+4. Larger graphs, where the whole-graph MILP does not fit the time: ``rotor`` (and ``pofo``),
+   then ``hierarchical`` (blocks solved exactly, rotor's DP across them) with all the time
+   but :data:`BASELINES_SHARE`, then ``checkpoint-all`` and Chen's greedy with what is left
+   (on a 5,000-node graph they take seconds each and their plans lie in hierarchical's class).
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -59,6 +61,10 @@ MILP_MAX_NODES = 600
 """Above this many nodes the whole-graph MILP (and its LP rounding) does not fit a time limit
 of a minute (its model grows as the square of the nodes: 1,259 nodes took 149 s); ``auto``
 gives the time to ``hierarchical`` instead."""
+
+BASELINES_SHARE = 0.1
+"""On graphs above :data:`MILP_MAX_NODES` nodes, the share of the time limit kept from
+``hierarchical`` for ``checkpoint-all`` and Chen's greedy, which run after it."""
 
 DEFAULT_GAP_TOLERANCE = 0.01
 """``auto`` stops once its plan is within 1% of its best proven bound."""
@@ -175,9 +181,14 @@ def solve_auto(
         return best.figures.total_time_s <= lb * (1 + gap_tolerance)
 
     exact_fits = graph.num_nodes <= MILP_MAX_NODES
-    quick = ["checkpoint-all", "chen-greedy", "rotor"] + (["pofo"] if offload else [])
+    offloads = ["pofo"] if offload else []
     if exact_fits:
-        quick += ["hierarchical", "lp-round"]  # lp-round's roundings reach outside the window
+        quick = ["checkpoint-all", "chen-greedy", "rotor", *offloads, "hierarchical", "lp-round"]
+    else:
+        # the whole-graph MILP does not fit the time: rotor, then hierarchical with most of
+        # it (blocks solved exactly, rotor's DP across them); the baselines, whose plans lie
+        # in its class and which take seconds each on such graphs, with what is left
+        quick = ["rotor", *offloads, "hierarchical", "checkpoint-all", "chen-greedy"]
     stopped = False
     for name in quick:
         if close_enough():
@@ -186,8 +197,19 @@ def solve_auto(
         if problem.time_left_s() <= 0 and len(results) > 1:
             break
         share = max(0.1, min(problem.time_left_s(), 0.25 * limit))
-        if name in ("pofo", "hierarchical"):
-            # both keep rotor's plan when it is faster: hand them the one rotor made
+        if name == "hierarchical":
+            if not exact_fits:
+                share = max(0.1, problem.time_left_s() - BASELINES_SHARE * limit)
+            # it keeps rotor's plan when it is faster, and stops trying block sizes once a
+            # plan is within the gap tolerance of the bound
+            run(
+                name,
+                share,
+                start_plans=_plans(results, fitting_only=False, only="rotor"),
+                good_enough_s=_bound(results, base, proven) * (1 + gap_tolerance),
+            )
+        elif name == "pofo":
+            # it keeps rotor's plan when it is faster: hand it the one rotor made
             run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
         else:
             run(name, share)
@@ -199,10 +221,6 @@ def solve_auto(
             start_plans=_plans(results),
             gap_tolerance=gap_tolerance,
         )
-    elif not stopped and not exact_fits and problem.time_left_s() > 0.2:
-        # the whole-graph MILP does not fit the time: blocks solved exactly, DP across them
-        rotor_plans = _plans(results, fitting_only=False, only="rotor")
-        run("hierarchical", max(0.1, problem.time_left_s()), start_plans=rotor_plans)
     tried = ", ".join(r.solver for r in results)
     best = best_result(results)
     assert best is not None

@@ -38,9 +38,10 @@ from remat.ir.chain import Stage
 from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline
 
-CAP_FRACTIONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+CAP_FRACTIONS = (0.0, 0.4, 0.8, 0.2, 0.6, 0.1, 0.3, 0.5, 0.7, 0.9, 0.05, 0.15, 0.25, 0.35)
 """Kept-bytes caps, as fractions of the block's saved bytes, whose optima form the frontier
-(keeping everything is rotor's own option)."""
+(keeping everything is rotor's own option); coarse to fine, so that a frontier cut short by
+the deadline still spans the range."""
 
 BISECTION_STEPS = 7
 """Halvings of the ranking that :func:`boundary_keep_plan` tries at most."""
