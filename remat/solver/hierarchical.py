@@ -73,8 +73,8 @@ def solve_hierarchical(
         As for ``rotor``: memory discretisation, which cuts make the blocks, and how many
         blocks at most.
     start_plans
-        Plans to keep when they are faster (``auto`` hands over rotor's); by default rotor's
-        DP runs here for one. A Python keyword, not a service option.
+        Plans to keep when they are faster (``auto`` hands over rotor's, or none); by
+        default (None) rotor's DP runs here for one. A Python keyword, not a service option.
     good_enough_s
         Stop trying block sizes once a plan within the budget takes at most this long
         (``auto`` passes its proven bound plus its gap tolerance). A Python keyword too.
@@ -105,11 +105,6 @@ def solve_hierarchical(
         _report(problem, "rotor across blocks", t0, rotor)
         start_plans = [rotor.plan] if rotor.plan is not None else []
     extra = list(start_plans)
-    every_boundary = boundary_keep_plan(
-        graph, problem.budget_bytes, deadline=deadline.share(0.2, reserve_s=keep_s)
-    )
-    if every_boundary is not None:
-        extra.append(every_boundary)
     slot, top = memory_slots(problem, mem_slots)
     if top < 0:
         return _best_extra(problem, extra, t0)
@@ -120,12 +115,14 @@ def solve_hierarchical(
     groupings = GROUPINGS if max_stages is None else (1,)
     results = [problem.result(p, solver=NAME, started=t0) for p in extra]
     tried: set[int] = set()
-    for i, k in enumerate(groupings):
-        if results and deadline.left_s() < keep_s:
-            break
+
+    def good_enough() -> bool:
         best = best_result(results)
         best_s = best.total_time_s if best is not None and best.fits else None
-        if good_enough_s is not None and best_s is not None and best_s <= good_enough_s:
+        return good_enough_s is not None and best_s is not None and best_s <= good_enough_s
+
+    for i, k in enumerate(groupings):
+        if (results and deadline.left_s() < keep_s) or good_enough():
             break
         ch = dp_chain(graph, cuts, slot, top, max_stages=max_stages, every=k)
         if ch.num_stages in tried or (ch.num_stages < 2 and tried):
@@ -138,6 +135,15 @@ def solve_hierarchical(
         if r is not None:
             results.append(r)
             _report(problem, f"blocks of {k} stage(s): {ch.num_stages} blocks", t0, r)
+        if i == 0 and deadline.left_s() > keep_s and not good_enough():
+            # every block boundary kept, with the best partial saves that fit: one more
+            # candidate, after the first block size (it seldom wins, and costs several
+            # simulations of the whole step)
+            every_boundary = boundary_keep_plan(
+                graph, problem.budget_bytes, deadline=deadline.share(0.2, reserve_s=keep_s)
+            )
+            if every_boundary is not None:
+                results.append(problem.result(every_boundary, solver=NAME, started=t0))
     best = best_result(results)
     if best is None:
         return _best_extra(problem, extra, t0)
