@@ -128,9 +128,9 @@ def solve_hierarchical(
         if ch.num_stages in tried or (ch.num_stages < 2 and tried):
             continue
         tried.add(ch.num_stages)
-        # the first block size gets half the time (it wins most often), the others share
-        # what is left, so a loaded machine still finishes one
-        share = deadline.share(0.5 if i == 0 else 1.0 / (len(groupings) - i), reserve_s=keep_s)
+        # the first block size may take all the time (it wins most often: on a loaded
+        # machine one finished beats several cut short), the others share what is left
+        share = deadline.share(1.0 if i == 0 else 1.0 / (len(groupings) - i), reserve_s=keep_s)
         r = _on_chain(problem, ch, slot, top, share, t0)
         if r is not None:
             results.append(r)
