@@ -35,11 +35,12 @@ checkpointing for heterogeneous chains." arXiv:1911.13214, 2019 (the DP across b
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 
-from remat.ir import InvalidPlanError, Plan
-from remat.ir.chain import Chain, CutKind, expand
+from remat.ir import Graph, InvalidPlanError, Plan
+from remat.ir.chain import Chain, CutKind, chain_view, expand
 from remat.ir.result import Progress, SolveResult, best_result
 from remat.solver.base import register
 from remat.solver.blocks import boundary_keep_plan, stage_options
@@ -112,7 +113,7 @@ def solve_hierarchical(
     # give the block MILPs more to choose from (a partial save across a whole layer), smaller
     # ones give the DP more boundaries; which wins depends on the model and the budget, so
     # each grouping gets a share of the time and the simulator picks.
-    groupings = GROUPINGS if max_stages is None else (1,)
+    groupings = _groupings(graph, cuts) if max_stages is None else (1,)
     results = [problem.result(p, solver=NAME, started=t0) for p in extra]
     tried: set[int] = set()
 
@@ -151,11 +152,22 @@ def solve_hierarchical(
     return best.model_copy(update={"solve_time_s": time.perf_counter() - t0})
 
 
-GROUPINGS = (4, 2, 6, 3, 1)
-"""Group sizes (stages of the graph's own chain per block) that ``hierarchical`` tries, in
-this order (the ones that won most often on transformers first: with 500 memory slots a
-single layer of a deep model is a few slots, too coarse for its partial saves; the graph's
-own stages, the largest DP, last)."""
+BLOCK_NODES = (26, 13, 39, 19)
+"""Forward nodes per block that ``hierarchical`` aims at, in this order (the sizes that won
+most often on transformers first: about two layers of the synthetic transformer, whose layer
+is a few of 500 memory slots at depth, too coarse for partial saves of one layer); the
+graph's own stages come last. Blocks are never smaller than the graph's own stages: a traced
+Llama layer (about 50 forward nodes) is solved as it is."""
+
+
+def _groupings(graph: Graph, cuts: CutKind) -> tuple[int, ...]:
+    """Group sizes (stages of the graph's own chain per block) for :data:`BLOCK_NODES`, then
+    1, without repeats."""
+    own = chain_view(graph, cuts=cuts)
+    # the median stage: the repeated layers, not the embedding or the loss
+    per_stage = max(1.0, float(statistics.median(len(s.forward_nodes) for s in own.stages)))
+    ks = [max(1, round(n / per_stage)) for n in BLOCK_NODES] + [1]
+    return tuple(dict.fromkeys(ks))
 
 
 def _on_chain(
