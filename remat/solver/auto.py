@@ -9,11 +9,11 @@
    first (``checkpoint-all``, Chen's greedy, ``rotor``; ``pofo`` when offloading is allowed),
    ``hierarchical`` and ``lp-round``, then the exact MILP (``milp``) with the time left,
    started from the plans found.
-4. Larger graphs, where the whole-graph MILP does not fit the time: ``rotor`` (and
-   ``pofo``), then ``hierarchical`` (blocks solved exactly, rotor's DP across them, rotor's
-   plan kept as a fallback) with all the time but :data:`BASELINES_SHARE`, then
-   ``checkpoint-all`` and Chen's greedy with what is left (on a 5,000-node graph they take
-   seconds each, and their plans lie in hierarchical's class).
+4. Larger graphs, where the whole-graph MILP does not fit the time: ``hierarchical`` first
+   (blocks solved exactly, rotor's DP across them) with all the time but
+   :data:`BASELINES_SHARE`, then ``rotor`` (and ``pofo``), ``checkpoint-all`` and Chen's
+   greedy with what is left (on a 5,000-node graph they take seconds each, and their plans
+   lie in hierarchical's class).
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -63,9 +63,9 @@ MILP_MAX_NODES = 600
 of a minute (its model grows as the square of the nodes: 1,259 nodes took 149 s); ``auto``
 gives the time to ``hierarchical`` instead."""
 
-BASELINES_SHARE = 0.1
+BASELINES_SHARE = 0.2
 """On graphs above :data:`MILP_MAX_NODES` nodes, the share of the time limit kept from
-``hierarchical`` for ``checkpoint-all`` and Chen's greedy, which run after it."""
+``hierarchical`` for ``rotor``, ``checkpoint-all`` and Chen's greedy, which run after it."""
 
 DEFAULT_GAP_TOLERANCE = 0.01
 """``auto`` stops once its plan is within 1% of its best proven bound."""
@@ -186,11 +186,12 @@ def solve_auto(
     if exact_fits:
         quick = ["checkpoint-all", "chen-greedy", "rotor", *offloads, "hierarchical", "lp-round"]
     else:
-        # the whole-graph MILP does not fit the time: rotor (a plan to fall back on, handed
-        # to hierarchical), then hierarchical with most of the time (blocks solved exactly,
-        # rotor's DP across them); the baselines, which take seconds each on such graphs
-        # and whose plans lie in its class, with what is left
-        quick = ["rotor", *offloads, "hierarchical", "checkpoint-all", "chen-greedy"]
+        # the whole-graph MILP does not fit the time: hierarchical first with most of it
+        # (blocks solved exactly, rotor's DP across them: rotor's class on the chain's own
+        # stages); rotor and the baselines, which take seconds each on such graphs and
+        # whose plans lie in its class, with what is left (on a loaded machine rotor first
+        # left hierarchical too little to finish one block size)
+        quick = ["hierarchical", "rotor", *offloads, "checkpoint-all", "chen-greedy"]
     stopped = False
     for name in quick:
         if close_enough():
@@ -202,8 +203,8 @@ def solve_auto(
         if name == "hierarchical":
             if not exact_fits:
                 share = max(0.1, problem.time_left_s() - BASELINES_SHARE * limit)
-            # it keeps rotor's plan when it is faster, and stops trying block sizes once a
-            # plan is within a quarter of the
+            # it keeps rotor's plan when it is faster (none yet on large graphs), and stops
+            # trying block sizes once a plan is within a quarter of the
             # gap tolerance of the bound (its later block sizes are cheap where the first
             # was quick: the budgets near eager)
             run(
