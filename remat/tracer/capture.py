@@ -66,6 +66,7 @@ from remat.tracer.patches import (
     single_sequence_positions,
     unpadded_attention_mask,
 )
+from remat.tracer.shadow import Shadows, shadowing
 
 __all__ = ["Capture", "LossFn", "TraceError", "capture"]
 
@@ -250,13 +251,15 @@ class _ModuleTracker:
 
 
 class _OpRecorder(TorchFunctionMode):
-    """Remembers the torch function that raised last, and in which module, for error messages."""
+    """Remembers the torch function that raised last, and in which module, for error messages;
+    computes the real values of data-independent tensors alongside (:mod:`remat.tracer.shadow`)."""
 
     def __init__(self, modules: _ModuleTracker, *, fused_attention: bool = False) -> None:
         super().__init__()
         self.modules = modules
         self.fused_attention = fused_attention
         self.failed: tuple[str, str, BaseException] | None = None
+        self.shadows = Shadows()
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
@@ -264,7 +267,7 @@ class _OpRecorder(TorchFunctionMode):
         try:
             if self.fused_attention and func is torch.nn.functional.scaled_dot_product_attention:
                 return _fused_attention(*args, **(kwargs or {}))
-            return func(*args, **(kwargs or {}))
+            return self.shadows.call(func, tuple(args), dict(kwargs or {}))
         except Exception as exc:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
             mod = getattr(func, "__module__", None)
@@ -417,6 +420,7 @@ def capture(
             fx_traceback.preserve_node_meta(),
             modules,
             recorder,
+            shadowing(recorder.shadows),
         ):
             prim: list[torch.Tensor] = []
             sources = [p for _, p in named_params] + [b for _, b in named_buffers]

@@ -166,6 +166,10 @@ def transformers_sees_tracing(
     does and then answers as eager would; with ``no_padding`` (see
     :func:`unpadded_attention_mask`) ``_ignore_causal_mask_sdpa`` reads the padding mask as
     eager does (its ops run) and answers as for no padding mask.
+
+    A tensor whose real value the capture knows (:mod:`remat.tracer.shadow`: ``position_ids``
+    made by ``arange`` inside ``forward``) is not reported as traced either, so a model's own
+    questions on it get eager's answers.
     """
     import sys
 
@@ -176,7 +180,11 @@ def transformers_sees_tracing(
         return
     from torch._subclasses.functional_tensor import FunctionalTensor
 
+    from remat.tracer.shadow import known
+
     def is_fake_tensor(x: Any) -> bool:
+        if known(x):  # a data-independent tensor: eager's answer is known (remat.tracer.shadow)
+            return False
         return isinstance(x, FunctionalTensor) or bool(original(x))
 
     masking = sys.modules.get("transformers.masking_utils")

@@ -1,0 +1,117 @@
+"""Data-independent branches take eager's side while capturing (remat.tracer.shadow)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from remat.tracer import TraceError, capture
+
+
+class _Branchy(nn.Module):
+    """Branches on a tensor made in forward (as transformers' packed-sequence check does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        gaps = (torch.diff(pos, dim=-1) != 1).cumsum(-1)
+        if (gaps[:, -1] == 0).all():  # data-independent: always true, eager takes this side
+            return self.lin(x).pow(2).sum()
+        return self.lin(x).sum()
+
+
+def _grads(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    m = copy.deepcopy(model)
+    m(x).backward()
+    return {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+
+def test_branch_on_a_tensor_made_in_forward_is_eagers() -> None:
+    torch.manual_seed(0)
+    model, x = _Branchy(), torch.randn(2, 5, 8)
+    cap = capture(model, (x,))
+    assert any(n.op == "aten.pow.Tensor_Scalar" for n in cap.graph.nodes)  # eager's side
+    prim = cap.primals(model, (x,))
+    with torch.no_grad():
+        outs = cap.run(prim, [torch.ones(())])
+    expected = _grads(model, x)
+    got = {n: o for (role, n), o in zip(cap.output_roles, outs, strict=True) if role == "grad"}
+    assert got.keys() == expected.keys()
+    for n, g in expected.items():
+        assert torch.equal(got[n], g), n
+
+
+class _OnInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x > 0).all():  # the batch's data: no answer while capturing
+            return self.lin(x).sum()
+        return self.lin(x).pow(2).sum()
+
+
+def test_branch_on_the_batch_is_still_a_clear_error() -> None:
+    with pytest.raises(TraceError, match="DataDependentOutput"):
+        capture(_OnInput(), (torch.randn(2, 4),))
+
+
+class _Poisoned(nn.Module):
+    """A known tensor written in place from the batch's data loses its value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flags = torch.zeros(2, dtype=torch.bool)
+        flags.copy_(x[:, 0] > 0)
+        if flags.any():
+            return self.lin(x).sum()
+        return self.lin(x).pow(2).sum()
+
+
+def test_a_known_tensor_written_from_data_is_unknown() -> None:
+    with pytest.raises(TraceError, match="DataDependentOutput"):
+        capture(_Poisoned(), (torch.randn(2, 4),))
+
+
+def test_llama_takes_eagers_mask_path_and_gradients_are_exact() -> None:
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+    )
+    model = T.LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, 64, (2, 16))
+    inputs: dict[str, Any] = {"input_ids": ids, "labels": ids, "use_cache": False}
+
+    def loss_fn(out: Any) -> torch.Tensor:
+        return out.loss  # type: ignore[no-any-return]
+
+    cap = capture(model, inputs, loss_fn)
+    # Eager finds the positions unpacked and uses is_causal with grouped queries: no causal
+    # mask is made (the traced path's aten.where), the key/value heads are not repeated.
+    assert "aten.where.self" not in [n.op for n in cap.graph.nodes]
+    ref = copy.deepcopy(model)
+    loss_fn(ref(**inputs)).backward()
+    with torch.no_grad():
+        outs = cap.run(cap.primals(model, inputs), [torch.ones(())])
+    for (role, n), o in zip(cap.output_roles, outs, strict=True):
+        if role == "grad":
+            p = ref.get_parameter(n)
+            assert p.grad is not None and torch.equal(o, p.grad), n
