@@ -338,7 +338,11 @@ def measure_fake(
     inputs = _tensors(fake_inputs)
     tracker.track(inputs)
     start = len(tracker.events)
-    with mode, tracker:
+    from remat.tracer.shadow import answering_as_eager
+
+    # The model's branches on data-independent tensors (transformers' packed-sequence check)
+    # take eager's side, as in the capture.
+    with mode, tracker, answering_as_eager():
         out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs)
         loss = loss_fn(out) if loss_fn is not None else out
         del out

@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -142,6 +143,42 @@ class Shadows:
                 self.values[o] = r
 
 
+class ShadowMode(TorchFunctionMode):
+    """Every torch call through :meth:`Shadows.call` (for a step run on fake tensors outside
+    the capture, as :func:`remat.executor.measure.measure_fake` runs the plain eager step)."""
+
+    def __init__(self, shadows: Shadows) -> None:
+        super().__init__()
+        self.shadows = shadows
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return self.shadows.call(func, tuple(args), dict(kwargs or {}))
+
+
+@contextlib.contextmanager
+def answering_as_eager() -> Iterator[Shadows]:
+    """Data questions on data-independent fake tensors answered as eager answers them, and
+    transformers told so (its ``is_tracing`` guard), for a step run on fake tensors; and
+    ``torch._grouped_mm``'s fake kernel in float32, as the CPU kernel runs it."""
+    from remat.tracer.patches import (
+        CAPTURE_LOCK,
+        grouped_mm_any_dtype,
+        transformers_sees_tracing,
+    )
+
+    shadows = Shadows()
+    with (
+        CAPTURE_LOCK,
+        transformers_sees_tracing(),
+        grouped_mm_any_dtype(),
+        ShadowMode(shadows),
+        shadowing(shadows),
+    ):
+        yield shadows
+
+
 @contextlib.contextmanager
 def shadowing(shadows: Shadows) -> Iterator[Shadows]:
     """Make ``shadows`` the capture's (what :func:`known` consults)."""
@@ -158,4 +195,4 @@ def known(t: Any) -> bool:
     return shadows is not None and shadows.known(t)
 
 
-__all__ = ["MAX_NUMEL", "Shadows", "known", "shadowing"]
+__all__ = ["MAX_NUMEL", "ShadowMode", "Shadows", "answering_as_eager", "known", "shadowing"]
