@@ -51,11 +51,40 @@ _RANDOM_OR_UNINITIALISED = (
 )
 _QUESTIONS = {"__bool__", "item", "tolist", "__int__", "__float__", "__index__"}
 
+_IN_PLACE_DUNDERS = {
+    "__setitem__",
+    *(
+        f"__i{op}__"
+        for op in [
+            "add",
+            "sub",
+            "mul",
+            "truediv",
+            "floordiv",
+            "mod",
+            "pow",
+            "and",
+            "or",
+            "xor",
+            "lshift",
+            "rshift",
+            "matmul",
+        ]
+    ),
+}
+
 _ACTIVE: ContextVar[Shadows | None] = ContextVar("remat_shadows", default=None)
 
 
 def _name(func: Any) -> str:
     return str(getattr(func, "__name__", "") or "")
+
+
+def _writes(name: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a call of this name writes into a tensor argument (in-place, ``out=``)."""
+    if name.startswith("__"):
+        return name in _IN_PLACE_DUNDERS
+    return name.endswith("_") or "out" in kwargs
 
 
 def _plain(t: torch.Tensor) -> bool:
@@ -83,7 +112,7 @@ class Shadows:
 
     def _real(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return self.values[x] if x in self.values else x
+            return self.values.get(x, x)
         return x
 
     def _has_value(self, t: torch.Tensor) -> bool:
@@ -92,9 +121,7 @@ class Shadows:
     def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run ``func`` as the capture does, and compute its real result where it has one."""
         name = _name(func)
-        tensors = [
-            x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)
-        ]
+        tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if name in _QUESTIONS and tensors and tensors[0] in self.values:
             self.answered += 1
             return self._run_real(func, args, kwargs)
@@ -107,9 +134,7 @@ class Shadows:
         )
         if computable:
             self._compute(func, args, kwargs, out)
-        elif any(t._version != v for t, v in versions) or (
-            versions and (name.endswith("_") and not name.startswith("__") or "out" in kwargs)
-        ):
+        elif versions and (_writes(name, kwargs) or any(t._version != v for t, v in versions)):
             self.values = WeakIdKeyDictionary()  # a known tensor written from unknown data
         return out
 
