@@ -18,9 +18,14 @@ Both halves are the op-level executor's generated code (:mod:`remat.executor.ope
 is the plan's from the first step: the step is captured on fake tensors (no real memory) at the
 first call, or when ``apply`` is given ``example_inputs``.
 
-The traced step decides what ``forward`` returns: for a graph traced without ``loss_fn`` the
-model's own output (the scalar loss, e.g. a model called with its labels); for one traced with
-``loss_fn``, ``loss_fn(model(...))``, the loss, which the training loop then backpropagates.
+The traced step decides what ``forward`` returns: for a graph traced with ``loss_fn``,
+``loss_fn(model(...))``, the loss, which the training loop then backpropagates; without
+``loss_fn``, the model's own output. That is either the scalar loss (e.g. a model called with
+its labels), or an output the loop computes its own loss on (a tensor, or a ``ModelOutput``
+holding one tensor, such as the logits): the step was then traced with the output's gradient as
+the backward's input (:attr:`remat.tracer.Capture.output`), autograd brings the gradient of the
+loop's loss into the function's ``backward``, and the plan's figures cover the model's forward
+and backward, not the loss the loop computes in between (its own tensors come on top).
 In ``eval()`` mode, or with gradients disabled, the unmodified ``forward`` runs.
 
 Each plan holds for the input shapes it was solved for. A call with other shapes (dtypes,
@@ -63,6 +68,9 @@ class PlannedStep:
     loss_name: str
     """Variable of the loss's storage in the forward part's environment."""
     backward_reads_loss: bool
+    tangent_shape: tuple[int, ...]
+    tangent_stride: tuple[int, ...]
+    """Layout of the incoming gradient the step was traced with."""
     _fwd: Callable[..., Any] = field(repr=False)
     _bwd: Callable[..., list[Any]] = field(repr=False)
 
@@ -102,6 +110,7 @@ def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
         index_of_grad.get(n, -1) if cap.requires_grad.get(n, True) else -1 for n in cap.param_names
     ]
     grad_index += [-1] * (len(cap.buffer_names) + cap.num_inputs)
+    tangent = cap.joint.graph.find_nodes(op="placeholder")[-1].meta["val"]
     return PlannedStep(
         capture=cap,
         plan=plan,
@@ -111,6 +120,8 @@ def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
         grad_index=grad_index,
         loss_name=loss_name,
         backward_reads_loss=reads_loss,
+        tangent_shape=tuple(tangent.shape),
+        tangent_stride=tuple(tangent.stride()),
         _fwd=g["_remat_step"],
         _bwd=g["_remat_bwd"],
     )
@@ -148,8 +159,18 @@ class _PlanFunction(torch.autograd.Function):
         ctx.env = None
         if step.backward_reads_loss:
             env[step.loss_name] = ctx.saved_tensors[0]
-        if not grad.is_contiguous():
-            grad = grad.contiguous()  # traced with a contiguous tangent, as aot_autograd does
+        if tuple(grad.shape) != step.tangent_shape:
+            raise ExecutorError(
+                f"the gradient of the step's output has shape {tuple(grad.shape)}, the step was "
+                f"traced with {step.tangent_shape}"
+            )
+        if tuple(grad.stride()) != step.tangent_stride and grad.numel() > 1:
+            # The layout the step was traced with (aot_autograd's tangent: contiguous, or the
+            # output's own layout), so that the backward ops run as traced.
+            laid = torch.empty_strided(
+                step.tangent_shape, step.tangent_stride, dtype=grad.dtype, device=grad.device
+            )
+            grad = laid.copy_(grad)
         with torch.no_grad(), _no_autocast():
             outs = step._bwd(env, grad)
         grads = tuple(outs[j] if j >= 0 else None for j in step.grad_index)
@@ -357,7 +378,9 @@ def apply(
             return unmodified(*args, **kwargs)
         step = _planned(model, applied, args, kwargs)
         primals = step.capture.primals(model, _example(args, kwargs))
-        return _PlanFunction.apply(step, *primals)
+        out = _PlanFunction.apply(step, *primals)
+        output = step.capture.output
+        return out if output is None else output.rebuild(out)
 
     if example_inputs is not None:
         args_, kwargs_ = (

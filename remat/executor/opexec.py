@@ -575,6 +575,12 @@ def compile_step(
         from remat.tracer import capture as capture_fn
 
         capture = capture_fn(model, example_inputs, loss_fn)
+    if getattr(capture, "output", None) is not None:
+        raise ExecutorError(
+            "compile_step runs a closed step that owns its loss, and this model returns an "
+            "output without one: pass loss_fn, or use remat.apply (its forward returns the "
+            "output, your loss's gradient flows into the plan's backward)"
+        )
     graph: Graph = capture.graph
     try:
         sim = simulate(graph, plan, host_bandwidth_bytes_per_s=math.inf)

@@ -241,6 +241,11 @@ def verify(
         from remat.tracer import capture as capture_fn
 
         capture = capture_fn(model, inputs, loss_fn)
+    if getattr(capture, "output", None) is not None:
+        raise ExecutorError(
+            "verify runs a step that owns its loss, and this model returns an output without "
+            "one: pass the loss_fn your loop computes (its step then ends at the loss)"
+        )
     graph: Graph = capture.graph
     device = next(model.parameters()).device
     # Offloads on the CPU are plain copies that finish at once: predict with a free host link.

@@ -73,6 +73,23 @@ __all__ = ["Capture", "LossFn", "TraceError", "capture"]
 LossFn = Callable[[Any], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class ModelOutput:
+    """Where the step's output tensor sits in what the model returns (a captured step that
+    ends at the model's output, the loss being the caller's)."""
+
+    spec: pytree.TreeSpec
+    leaves: list[Any]
+    """The structure's leaves, None at :attr:`index`."""
+    index: int
+
+    def rebuild(self, tensor: torch.Tensor) -> Any:
+        """The model's output with ``tensor`` in its place (the other leaves as captured)."""
+        leaves = list(self.leaves)
+        leaves[self.index] = tensor
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
 @dataclass
 class Capture:
     """One captured training step: the FX joint graph and its IR graph, with the maps between.
@@ -145,6 +162,11 @@ class Capture:
     require_real: bool
     requires_grad: dict[str, bool] = field(default_factory=dict)
     target: str = "cpu"
+    output: ModelOutput | None = None
+    """None when the step ends at a scalar loss (the tangent is ``ones``); else the step ends
+    at the model's output (its value is :attr:`loss_value`, its incoming gradient
+    :attr:`tangent_value`, shaped like it) and this says how to rebuild what ``forward``
+    returns."""
 
     def run(self, primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> list[Any]:
         """Run the joint graph; one result per :attr:`output_roles` entry (None where none)."""
@@ -325,7 +347,11 @@ def capture(
     example_inputs
         A tensor or a tuple of the model's positional arguments.
     loss_fn
-        ``loss_fn(output) -> scalar``; when None the model's output must be the scalar loss.
+        ``loss_fn(output) -> scalar``. When None, the model's output is the loss if it is a
+        scalar; otherwise (a tensor, or a structure such as a ``ModelOutput`` holding one
+        tensor) the loss is the caller's: the step ends at that output and its backward takes
+        the output's gradient (:attr:`Capture.output`; ``remat.apply``'s forward returns the
+        output and autograd brings the gradient of the caller's loss).
     require_real
         The capture always runs on fake tensors (as ``aot_function`` does), so no memory the
         size of the model is allocated; ``require_real=True`` checks that the model's tensors
@@ -386,17 +412,21 @@ def capture(
             model, (params, buffers), tuple(call_args), dict(call_kwargs)
         )
         loss = loss_fn(out) if loss_fn is not None else out
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            what = "loss_fn" if loss_fn is not None else "the model (no loss_fn given)"
-            raise TraceError(
-                f"{what} must return a scalar tensor, got "
-                + (
-                    f"shape {tuple(loss.shape)}"
-                    if isinstance(loss, torch.Tensor)
-                    else type(loss).__name__
-                )
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            return loss
+        if loss_fn is None:
+            # The loss is the caller's: the step ends at the model's output, whose gradient
+            # is the backward's input.
+            tensor, captured["output"] = _the_output(out)
+            return tensor
+        raise TraceError(
+            "loss_fn must return a scalar tensor, got "
+            + (
+                f"shape {tuple(loss.shape)}"
+                if isinstance(loss, torch.Tensor)
+                else type(loss).__name__
             )
-        return loss
+        )
 
     from torch._functorch.aot_autograd import aot_function
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -486,7 +516,7 @@ def capture(
                 log, joint, mapping.graph, mapping.node_fx, mapping.fx_value
             )
             mapping = dataclasses.replace(mapping, graph=fold_eager_frees(mapping.graph, frees))
-    return Capture.of(
+    cap = Capture.of(
         joint,
         mapping,
         signature,
@@ -495,3 +525,26 @@ def capture(
         require_real=require_real,
         target=target,
     )
+    cap.output = captured.get("output")
+    return cap
+
+
+def _the_output(out: Any) -> tuple[torch.Tensor, ModelOutput]:
+    """The one tensor of a model's output (a tensor, or a structure such as a transformers
+    ``ModelOutput`` holding one tensor), and where it sits in that structure."""
+    leaves, spec = pytree.tree_flatten(out)
+    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    if len(where) != 1:
+        raise TraceError(
+            "the model's output must be its scalar loss, a tensor or a structure holding one "
+            f"tensor (whose gradient the backward then takes); it holds {len(where)} tensors "
+            f"({type(out).__name__}). Pass loss_fn to pick or compute the loss"
+        )
+    tensor = leaves[where[0]]
+    if not tensor.requires_grad or not tensor.dtype.is_floating_point:
+        raise TraceError(
+            "the model's output does not depend on any parameter with requires_grad (or is "
+            "not floating point): there is nothing to differentiate"
+        )
+    others = [None if i == where[0] else x for i, x in enumerate(leaves)]
+    return tensor, ModelOutput(spec=spec, leaves=others, index=where[0])

@@ -38,7 +38,10 @@ def find_bin() -> tuple[Path | None, str]:
         d = Path(c).parent
         if (d / "postgres").exists():
             return d, ""
-    return None, "PostgreSQL server binaries not found (install postgresql-15 or put initdb on PATH)"
+    return (
+        None,
+        "PostgreSQL server binaries not found (install postgresql-15 or put initdb on PATH)",
+    )
 
 
 class PostgresServer:

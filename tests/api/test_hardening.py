@@ -208,8 +208,9 @@ def test_a_failing_store_answers_503_and_no_job_is_left_running(
         assert r.status_code == 503 and r.headers["retry-after"].isdigit()
         assert "OperationalError" not in r.text and "locked" not in r.text
         h = wait_for(
-            lambda: (r := httpx.get(fresh_server.url + "/healthz", timeout=30)).status_code == 503
-            and r
+            lambda: (
+                (r := httpx.get(fresh_server.url + "/healthz", timeout=30)).status_code == 503 and r
+            )
         )
         assert h.json()["store"] == "unavailable" and h.headers["retry-after"].isdigit()
         time.sleep(2.5)  # the job's solve ends meanwhile; writing its outcome must wait

@@ -33,9 +33,7 @@ def _alive(pid: int) -> bool:
 def test_two_replicas_three_workers_one_killed(pg_url: str, tmp_path: Path) -> None:
     log = tmp_path / "runs.log"
     env = {"REMAT_TEST_RUN_LOG": str(log), "REMAT_PARSE_WORKERS": "1"}
-    replicas = [
-        Server(tmp_path, env=env, workers=1, db=pg_url, name=f"serve{i}") for i in range(2)
-    ]
+    replicas = [Server(tmp_path, env=env, workers=1, db=pg_url, name=f"serve{i}") for i in range(2)]
     workers = [Worker(tmp_path, env=env, workers=1, db=pg_url, name=f"worker{i}") for i in range(3)]
     try:
         for p in (*replicas, *workers):
@@ -76,7 +74,9 @@ def test_two_replicas_three_workers_one_killed(pg_url: str, tmp_path: Path) -> N
             assert set(ends.values()) == {1}, ends  # each completed exactly once
             assert starts[killed_budget] == 2  # the killed one ran again, elsewhere
             assert sum(starts.values()) == 31  # and nothing else ran twice
-            rerun = next(j for j in done if j.result is not None and j.result.budget_bytes == killed_budget)
+            rerun = next(
+                j for j in done if j.result is not None and j.result.budget_bytes == killed_budget
+            )
             assert rerun.attempts == 2
 
             # Cancel reaches the job on whichever worker runs it.

@@ -12,6 +12,7 @@ from remat.api.schemas import Health
 
 router = APIRouter(tags=["health"])
 
+
 @router.get(
     "/healthz",
     response_model=Health,
