@@ -2,9 +2,8 @@
 ``remat.apply`` in a plain training step (``loss = model(**batch); loss.backward()``).
 
 Gradients must equal the unmodified model's bit for bit (float32, dropout included), the
-measured peak must be the prediction within 2% and within the budget. Models whose training
-configuration (``use_cache=False``) the tracer cannot capture yet are expected failures, with
-the reason (the tracer's bug, issue 11 item 3).
+measured peak must be the prediction within 2% and within the budget. Cases that are not yet
+are expected failures, with what was measured (``NOT_YET_EXACT``).
 """
 
 from __future__ import annotations
@@ -29,8 +28,15 @@ SEED = 7
 SOLVE_TIME_LIMIT_S = 5.0
 FRACTIONS = [0.7, 0.5]
 SLOW = {"t5", "whisper", "mixtral"}  # the largest graphs (700+ nodes): slow on 2 cores
-# Cases not exact yet (issue 11, open). Not strict: a case that passes is reported XPASS.
-NOT_YET_EXACT: set[str] = {"mixtral"}
+# Cases not within 2% yet (issue 11, open), with what was measured. Not strict: a case that
+# passes is reported XPASS.
+NOT_YET_EXACT: dict[tuple[str, float, str], str] = {
+    ("mixtral", 0.5, "checkpoint"): (
+        "gradients exact and the class reports infeasible, but the prediction is 5% above the "
+        "measured peak (169,752 vs 161,688 dynamic bytes) during the experts block's "
+        "recomputation, where the functional graph holds index_put's out-of-place results"
+    ),
+}
 
 
 @cache
@@ -48,18 +54,20 @@ def _setup(name: str) -> tuple[Any, Any, Any, Any, dict[str, torch.Tensor]]:
     return model, inputs, loss_fn, cap, grads
 
 
-def _params(name: str) -> list[Any]:
-    marks: list[Any] = [pytest.mark.slow] if name in SLOW else []
-    if name in NOT_YET_EXACT:
-        marks.append(
-            pytest.mark.xfail(reason="apply not yet exact on this decoder (issue 11)", strict=False)
-        )
-    return [pytest.param(name, marks=marks, id=name)]
+def _cases() -> list[Any]:
+    out = []
+    for name in ZOO:
+        for frac in FRACTIONS:
+            for mode in ("op", "checkpoint"):
+                marks: list[Any] = [pytest.mark.slow] if name in SLOW else []
+                why = NOT_YET_EXACT.get((name, frac, mode))
+                if why is not None:
+                    marks.append(pytest.mark.xfail(reason=why, strict=False))
+                out.append(pytest.param(name, frac, mode, marks=marks, id=f"{name}-{frac}-{mode}"))
+    return out
 
 
-@pytest.mark.parametrize("mode", ["op", "checkpoint"])
-@pytest.mark.parametrize("frac", FRACTIONS)
-@pytest.mark.parametrize("name", [p for n in ZOO for p in _params(n)])
+@pytest.mark.parametrize(("name", "frac", "mode"), _cases())
 def test_zoo_apply_is_exact(name: str, frac: float, mode: str) -> None:
     model, inputs, loss_fn, cap, grads = _setup(name)
     graph = cap.graph
