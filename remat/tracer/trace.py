@@ -37,7 +37,9 @@ def trace(
         A tensor or a tuple of the model's positional arguments.
     loss_fn
         ``loss_fn(output) -> scalar loss`` (targets closed over); None when the model returns
-        the loss itself.
+        the loss itself, or when the training loop computes its loss on the model's output (a
+        tensor, or a ``ModelOutput`` holding one): the step then ends at that output and takes
+        its gradient as the backward's input (run it with ``remat.apply``).
     cost
         None (default): the roofline of the device the step targets (the measured local CPU
         for ``target="cpu"``, the named profile for ``target="h100"``...); or ``"measure"``,
