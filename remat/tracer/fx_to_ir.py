@@ -217,7 +217,7 @@ def map_storages(
                 if known is not None:
                     table.alias(n, known)
             continue
-        outs = _tensors(val)
+        outs = output_tensors(val)
         created = _map_outputs(n, outs, table)
         if not created and outs:
             continue  # a view or alias: folded into the nodes that read it
@@ -290,18 +290,18 @@ def _map_outputs(
             continue
         known = table.of(t)
         if known is None:
-            src = _aliased_input(n, i)
+            src = aliased_input(n, i)
             if src is not None:
                 known = table.fx_value.get(src.name)
         if known is not None:
             if not multi:
                 table.alias(n, known)
             else:
-                elem = _elem_node(n, i)
+                elem = element_node(n, i)
                 if elem is not None:
                     table.alias(elem, known)
             continue
-        base = _elem_node(n, i) if multi else n
+        base = element_node(n, i) if multi else n
         vid = base.name if base is not None else f"{n.name}#{i}"
         table.new(vid, t, base or n, "gradient" if phase_of(n) == "backward" else "activation")
         if base is None:
@@ -542,7 +542,8 @@ def _is_rng(target: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
-def _tensors(val: Any) -> list[torch.Tensor | None]:
+def output_tensors(val: Any) -> list[torch.Tensor | None]:
+    """The tensors of a node's ``meta['val']``: one, or one per output (``None`` for others)."""
     if isinstance(val, torch.Tensor):
         return [val]
     if isinstance(val, (tuple, list)):
@@ -554,14 +555,17 @@ def _meta_val(x: Any) -> Any:
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
 
 
-def _aliased_input(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
-    """The FX input that output ``i`` of ``n`` aliases according to the op's schema, if any."""
+def aliased_input(n: torch.fx.Node, i: int, *, writes: bool = False) -> torch.fx.Node | None:
+    """The FX input that output ``i`` of ``n`` aliases according to the op's schema, if any;
+    an in-place op's output (a write alias) counts only with ``writes=True``."""
     schema = getattr(n.target, "_schema", None)
     if schema is None:
         return None
     returns = schema.returns
+    if not returns:
+        return None
     ret = returns[min(i, len(returns) - 1)]
-    if ret.alias_info is None or ret.alias_info.is_write:
+    if ret.alias_info is None or (ret.alias_info.is_write and not writes):
         return None
     sets = set(ret.alias_info.before_set)
     for k, arg in enumerate(schema.arguments):
@@ -574,7 +578,7 @@ def _aliased_input(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
     return None
 
 
-def _elem_node(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
+def element_node(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
     """The ``getitem`` node that extracts element ``i`` of a multi-output node, if any."""
     for u in n.users:
         if u.target is _getitem and u.args[1] == i:

@@ -43,7 +43,14 @@ from remat.ir import DeviceProfile, Graph, Node, Value
 from remat.ir.devices import roofline_time_s
 from remat.tracer.costs import bytes_moved, resolve_cost
 from remat.tracer.flops import node_flops
-from remat.tracer.fx_to_ir import dtype_name, op_name, storage_bytes
+from remat.tracer.fx_to_ir import (
+    aliased_input,
+    dtype_name,
+    element_node,
+    op_name,
+    output_tensors,
+    storage_bytes,
+)
 
 _getitem = operator.getitem
 
@@ -119,43 +126,6 @@ def _nbytes(t: torch.Tensor, fx: torch.fx.Node) -> tuple[int, bool]:
             v, _ = _int(s)
             numel *= v
         return numel * t.element_size(), sym
-
-
-def _tensors(val: Any) -> list[torch.Tensor | None]:
-    if isinstance(val, torch.Tensor):
-        return [val]
-    if isinstance(val, (tuple, list)):
-        return [v if isinstance(v, torch.Tensor) else None for v in val]
-    return []
-
-
-def _aliased_input(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
-    """The FX input that output ``i`` of ``n`` aliases according to the op's schema, if any."""
-    schema = getattr(n.target, "_schema", None)
-    if schema is None:
-        return None
-    returns = schema.returns
-    if not returns:
-        return None
-    ret = returns[min(i, len(returns) - 1)]
-    if ret.alias_info is None:
-        return None
-    sets = set(ret.alias_info.before_set)
-    for k, arg in enumerate(schema.arguments):
-        info = arg.alias_info
-        if info is None or not sets & set(info.before_set):
-            continue
-        value = n.args[k] if k < len(n.args) else n.kwargs.get(arg.name)
-        if isinstance(value, torch.fx.Node):
-            return value
-    return None
-
-
-def _elem_node(n: torch.fx.Node, i: int) -> torch.fx.Node | None:
-    for u in n.users:
-        if u.target is _getitem and u.args[1] == i:
-            return u
-    return None
 
 
 def is_rng(target: Any) -> bool:
@@ -263,7 +233,7 @@ def joint_to_ir(
                 if known is not None:
                     fx_value[n.name] = known
             continue
-        outs_t = _tensors(val)
+        outs_t = output_tensors(val)
         multi = not isinstance(val, torch.Tensor)
         phase = "forward" if n.name in forward_fx else "backward"
         created: list[str] = []
@@ -272,10 +242,10 @@ def joint_to_ir(
                 continue
             known = storage_of(t)
             if known is None:
-                src = _aliased_input(n, i)
+                src = aliased_input(n, i, writes=True)
                 if src is not None:
                     known = fx_value.get(src.name)
-            elem = _elem_node(n, i) if multi else n
+            elem = element_node(n, i) if multi else n
             if known is not None:
                 if elem is not None:
                     fx_value[elem.name] = known
