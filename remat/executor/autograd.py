@@ -36,7 +36,6 @@ devices, non-tensor arguments or autocast state) raises :class:`ExecutorError`, 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +45,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from remat.executor.hostmem import HostMemory
-from remat.executor.opexec import ExecutorError, _CodeGen, forward_cut, plan_to_run
-from remat.ir import Graph, InvalidPlanError, Plan, simulate
+from remat.executor.opexec import (
+    ExecutorError,
+    _CodeGen,
+    forward_cut,
+    plan_to_run,
+    simulate_traced,
+)
+from remat.ir import Graph, Plan
 from remat.ir.simulate import Simulation
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -82,14 +87,7 @@ class PlannedStep:
 
 def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
     graph: Graph = cap.graph
-    try:
-        sim = simulate(graph, plan, host_bandwidth_bytes_per_s=math.inf)
-    except InvalidPlanError as exc:
-        raise ExecutorError(
-            f"the plan does not fit this model's traced graph ({graph.name}, "
-            f"{graph.num_nodes} nodes): {exc}. Solve on remat.trace() of the same model, inputs "
-            "and loss_fn"
-        ) from exc
+    sim = simulate_traced(graph, plan)
     cut = forward_cut(cap, plan)
     gen = _CodeGen(cap, plan, device, cut=cut)
     src = gen.generate()

@@ -444,6 +444,20 @@ _BN_IN_PLACE = torch.ops.aten._native_batch_norm_legit.default
 _CUT = "    # ---- forward | backward ----"
 
 
+def simulate_traced(graph: Graph, plan: Plan) -> Simulation:
+    """The simulation of ``plan`` on a model's traced ``graph`` (any host bandwidth: the
+    executor's order is the plan's); an :class:`ExecutorError` when the plan is not one for
+    that graph."""
+    try:
+        return simulate(graph, plan, host_bandwidth_bytes_per_s=math.inf)
+    except InvalidPlanError as exc:
+        raise ExecutorError(
+            f"the plan does not fit this model's traced graph ({graph.name}, "
+            f"{graph.num_nodes} nodes): {exc}. Solve on remat.trace() of the same model, inputs "
+            "and loss_fn"
+        ) from exc
+
+
 def forward_cut(cap: Any, plan: Plan) -> int:
     """Index of the plan's first step that needs the loss's gradient (transitively): the steps
     before it form the forward part, run by ``forward``; the rest run in ``backward``.
@@ -582,14 +596,7 @@ def compile_step(
             "output, your loss's gradient flows into the plan's backward)"
         )
     graph: Graph = capture.graph
-    try:
-        sim = simulate(graph, plan, host_bandwidth_bytes_per_s=math.inf)
-    except InvalidPlanError as exc:
-        raise ExecutorError(
-            f"the plan does not fit this model's traced graph ({graph.name}, "
-            f"{graph.num_nodes} nodes): {exc}. Solve on remat.trace() of the same model, inputs "
-            "and loss_fn"
-        ) from exc
+    sim = simulate_traced(graph, plan)
     params: dict[str, torch.Tensor] = dict(model.named_parameters())
     device = next(iter(params.values())).device if params else torch.device("cpu")
     gen = _CodeGen(capture, plan, device, probe=probe is not None)
