@@ -358,10 +358,9 @@ def wrap(graph_id: str, key: str, cached: bool, result_json: str) -> Response:
     return Response(head + f'"result":{result_json}}}', media_type="application/json")
 
 
-def job_json(rec: JobRecord) -> Response:
-    """A stored job as its ``JobResponse`` JSON, with progress and result spliced in as stored
-    (never parsed again: a poll stays cheap whatever the size of the plan it carries)."""
-    head = {
+def _job_head(rec: JobRecord) -> dict[str, Any]:
+    """A stored job's fields of ``JobResponse`` other than its progress and result."""
+    return {
         "id": rec.id,
         "kind": rec.kind,
         "status": rec.status,
@@ -373,7 +372,12 @@ def job_json(rec: JobRecord) -> Response:
         "message": rec.message,
         "error": rec.error,
     }
-    text = json.dumps(head)[:-1]
+
+
+def job_json(rec: JobRecord) -> Response:
+    """A stored job as its ``JobResponse`` JSON, with progress and result spliced in as stored
+    (never parsed again: a poll stays cheap whatever the size of the plan it carries)."""
+    text = json.dumps(_job_head(rec))[:-1]
     text += f',"progress":{rec.progress or "null"},"result":{rec.result or "null"}}}'
     return Response(text, media_type="application/json")
 
@@ -388,19 +392,4 @@ def job_response(rec: JobRecord, *, full: bool = True) -> JobResponse:
             progress.pop("best", None)
     if full and rec.result:
         result = json.loads(rec.result)
-    return JobResponse.model_validate(
-        {
-            "id": rec.id,
-            "kind": rec.kind,
-            "status": rec.status,
-            "graph_id": rec.graph_id,
-            "request_key": rec.request_key,
-            "created_at": rec.created_at,
-            "updated_at": rec.updated_at,
-            "attempts": rec.attempts,
-            "message": rec.message,
-            "error": rec.error,
-            "progress": progress,
-            "result": result,
-        }
-    )
+    return JobResponse.model_validate({**_job_head(rec), "progress": progress, "result": result})
