@@ -14,150 +14,34 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from remat.cli_common import (
+    BadInput,
+    budget_arg,
+    budget_texts,
+    format_pct,
+    format_secs,
+    load_graph,
+    plot_file,
+    print_table,
+    progress_bar,
+    read_text,
+    result_rows,
+    service_client,
+    solve_local,
+    write_file,
+)
 from remat.ir import (
     Graph,
     RematError,
     SolveResult,
     eager_plan,
     format_bytes,
-    parse_budget,
     simulate,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-
-
-class BadInput(Exception):
-    """A user error the CLI reports in one line with exit status 2."""
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-
-def _read_text(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def load_graph(path: str) -> Graph:
-    """A graph from a JSON file (``-`` for stdin); :class:`BadInput` naming the file."""
-    try:
-        return Graph.from_json(_read_text(path))
-    except RematError as exc:
-        raise BadInput(f"{path}: {exc}") from None
-
-
-def _budget_arg(text: str, flag: str = "--budget") -> int | float:
-    """``--budget`` parsed by :func:`remat.ir.parse_budget` (the one parser): bytes (``12GiB``,
-    ``1e9``) or a fraction (``70%``, ``0.7``); ``1`` is refused as ambiguous."""
-    try:
-        return parse_budget(text)
-    except ValueError as exc:
-        raise BadInput(f"{flag}: {exc}") from None
-
-
-def _budget_texts(text: str | None) -> list[str] | None:
-    """``--budgets 100%,70%,8GiB``: each checked by :func:`remat.ir.parse_budget`, kept as
-    written (it labels the frontier's points)."""
-    if not text:
-        return None
-    texts = [t.strip() for t in text.split(",")]
-    for t in texts:
-        _budget_arg(t, "--budgets")
-    return texts
-
-
-def _solve_local(
-    graph: Graph,
-    budget: int | float,
-    solver: str | None,
-    time_limit_s: float | None,
-    bar: Any = None,
-) -> SolveResult:
-    from remat import solver as solvers
-
-    try:
-        if bar is None:
-            return solvers.solve(graph, budget, solver=solver, time_limit_s=time_limit_s)
-        with bar.ticking("solving", time_limit_s=time_limit_s):
-            return solvers.solve(
-                graph, budget, solver=solver, time_limit_s=time_limit_s, progress=bar
-            )
-    except RematError as exc:
-        raise BadInput(f"--solver: {exc}") from None
-
-
-def _bar(args: argparse.Namespace, graph: Graph | None = None) -> Any:
-    """The progress bar of a command: on stderr when it is a terminal, never with --quiet."""
-    from remat.report.progress import ProgressBar
-
-    base = None if graph is None else sum(n.time_s for n in graph.nodes)
-    return ProgressBar(args.command, enabled=False if args.quiet else None, baseline_time_s=base)
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from remat.client import Client
-
-    return Client(args.url, api_key=args.api_key)
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f}%"
-
-
-def _secs(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.6g} s"
-
-
-def _table(rows: list[tuple[str, str]], out: TextIO) -> None:
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"  {k:<{width}}  {v}", file=out)
-
-
-def _result_rows(result: Any) -> list[tuple[str, str]]:
-    rows = [
-        ("solver", f"{result.solver} ({result.status})"),
-        ("budget", f"{format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)"),
-    ]
-    if result.peak_bytes is not None:
-        rows.append(("peak", f"{format_bytes(result.peak_bytes)} ({result.peak_bytes} bytes)"))
-    rows.append(
-        (
-            "time",
-            f"{_secs(result.total_time_s)} (no remat {_secs(result.baseline_time_s)}, "
-            f"overhead {_pct(result.overhead)})",
-        )
-    )
-    if result.lower_bound_s is not None:
-        rows.append(("bound", f"{_secs(result.lower_bound_s)} (gap {_pct(result.gap)})"))
-    if result.min_budget_bytes is not None:
-        rows.append(("smallest budget found", format_bytes(result.min_budget_bytes)))
-    if result.min_budget_lower_bytes is not None:
-        rows.append(("no plan below (proven)", format_bytes(result.min_budget_lower_bytes)))
-    if result.message:
-        rows.append(("note", result.message))
-    return rows
-
-
-def _plot_file(text: str) -> str:
-    """``--plot``: a path ending in .svg or .png (checked before any work)."""
-    if Path(text).suffix.lower() not in (".svg", ".png"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a plot is written as .svg or .png")
-    return text
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -165,19 +49,19 @@ def _write(path: str, text: str) -> None:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph)
-    budget = _budget_arg(args.budget)
+    budget = budget_arg(args.budget)
     if args.url:
-        with _client(args) as c:
+        with service_client(args) as c:
             result = c.solve(graph, budget, solver=args.solver, time_limit_s=args.time_limit)
     else:
-        result = _solve_local(graph, budget, args.solver, args.time_limit, _bar(args, graph))
+        result = solve_local(graph, budget, args.solver, args.time_limit, progress_bar(args, graph))
     if args.out:
-        _write(args.out, result.model_dump_json(indent=1))
+        write_file(args.out, result.model_dump_json(indent=1))
     if args.json:
         print(result.model_dump_json(exclude={"plan"}, indent=1))
     else:
         print(f"remat solve: {args.graph} ({graph.num_nodes} nodes)")
-        _table(_result_rows(result), sys.stdout)
+        print_table(result_rows(result), sys.stdout)
         if args.out:
             print(f"  wrote {args.out}")
     return EXIT_OK if result.fits else EXIT_FAILED
@@ -198,8 +82,8 @@ def _frontier_local(args: argparse.Namespace, graph: Graph, names: list[str]) ->
     """Each solver at each of ``--budgets``, with a progress bar (``frontier``, ``report``)."""
     from remat.report.frontier import DEFAULT_BUDGETS, compute_frontier
 
-    specs = _budget_texts(args.budgets)
-    bar = _bar(args, graph)
+    specs = budget_texts(args.budgets)
+    bar = progress_bar(args, graph)
 
     def start(i: int, total: int, name: str, spec: Any) -> None:
         bar.set_step(i + 1, total)
@@ -223,11 +107,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from remat.report.frontier import FrontierPoint, dump_frontier, frontier_text
 
     graph = load_graph(args.graph)
-    specs = _budget_texts(args.budgets)
+    specs = budget_texts(args.budgets)
     names = _solver_names(args.solver)
     if args.url:
         points: list[FrontierPoint] = []
-        with _client(args) as c:
+        with service_client(args) as c:
             for name in names:
                 fr = c.frontier(graph, specs, solver=name, time_limit_s=args.time_limit)
                 points += [
@@ -292,11 +176,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     if args.max_growth < 0 or args.max_overhead_growth < 0:
         raise BadInput("--max-growth and --max-overhead-growth must be >= 0")
-    bar = _bar(args)
+    bar = progress_bar(args)
     graph = _target_graph(args.target, args.cost, bar)
     bar.baseline_time_s = sum(n.time_s for n in graph.nodes)
-    budget = _budget_arg(args.budget)
-    result = _solve_local(graph, budget, args.solver, args.time_limit, bar)
+    budget = budget_arg(args.budget)
+    result = solve_local(graph, budget, args.solver, args.time_limit, bar)
     v = verdict(result, args.max_overhead)
     passed, reason = v.passed, v.reason
     figures = check_figures(graph, result)
@@ -306,14 +190,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         ("target", args.target),
         ("graph", f"{graph.num_nodes} nodes, static {format_bytes(graph.static_bytes)}"),
         ("no-remat peak", f"{format_bytes(eager_peak)} ({eager_peak} bytes)"),
-        *_result_rows(result),
+        *result_rows(result),
         ("smallest budget", "none found" if small is None else format_bytes(small)),
-        ("max overhead", "none" if args.max_overhead is None else _pct(args.max_overhead)),
+        ("max overhead", "none" if args.max_overhead is None else format_pct(args.max_overhead)),
     ]
     comparison = None
     if args.baseline:
         try:
-            before = read_baseline(_read_text(args.baseline), source=args.baseline)
+            before = read_baseline(read_text(args.baseline), source=args.baseline)
         except ValueError as exc:
             raise BadInput(f"--baseline {exc}") from None
         comparison = compare(
@@ -329,7 +213,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             reason = f"regression against {args.baseline}: " + "; ".join(comparison.failures)
     rows.append(("result", ("PASS: " if passed else "FAIL: ") + reason))
     print(f"remat check: {args.target}")
-    _table(rows, sys.stdout)
+    print_table(rows, sys.stdout)
     if args.json:
         report = {
             "target": args.target,
@@ -343,25 +227,25 @@ def cmd_check(args: argparse.Namespace) -> int:
         }
         if comparison is not None:
             report["comparison"] = {"against": args.baseline, **comparison.to_json()}
-        _write(args.json, json.dumps(report, indent=1))
+        write_file(args.json, json.dumps(report, indent=1))
     if args.junit:
-        _write(args.junit, junit_xml(args.target, passed, reason, rows, result.solve_time_s))
+        write_file(args.junit, junit_xml(args.target, passed, reason, rows, result.solve_time_s))
     return EXIT_OK if passed else EXIT_FAILED
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    graph = _target_graph(args.spec, args.cost, _bar(args))
+    graph = _target_graph(args.spec, args.cost, progress_bar(args))
     if args.out:
-        _write(args.out, graph.to_json(indent=1))
+        write_file(args.out, graph.to_json(indent=1))
     s = graph.summary()
     print(f"remat trace: {args.spec}")
-    _table(
+    print_table(
         [
             ("nodes", f"{s['num_nodes']} ({s['num_forward_nodes']} forward)"),
             ("values", str(s["num_values"])),
             ("static", format_bytes(s["static_bytes"])),
             ("activations", format_bytes(s["activation_bytes"])),
-            ("compute", _secs(s["compute_time_s"])),
+            ("compute", format_secs(s["compute_time_s"])),
             *([("wrote", args.out)] if args.out else []),
         ],
         sys.stdout,
@@ -377,12 +261,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         ("graph", f"{s['name'] or args.graph}: {s['num_nodes']} nodes, {s['num_values']} values"),
         ("static", format_bytes(s["static_bytes"])),
         ("no-remat peak", f"{format_bytes(eager.peak_bytes)} ({eager.peak_bytes} bytes)"),
-        ("no-remat time", _secs(eager.total_time_s)),
+        ("no-remat time", format_secs(eager.total_time_s)),
     ]
     data: dict[str, Any] = {"graph": s, "no_remat_peak_bytes": eager.peak_bytes}
     if args.result:
         try:
-            result = SolveResult.model_validate_json(_read_text(args.result))
+            result = SolveResult.model_validate_json(read_text(args.result))
         except ValueError as exc:
             raise BadInput(f"{args.result}: not a solve result: {exc}") from None
         if result.plan is None:
@@ -403,10 +287,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             ),
             (
                 "plan time",
-                f"{_secs(sim.total_time_s)} (overhead {_pct(overhead)})",
+                f"{format_secs(sim.total_time_s)} (overhead {format_pct(overhead)})",
             ),
-            ("recomputed", f"{recomputed} values, {_secs(sim.recompute_time_s)}"),
-            ("offloaded", f"{offloaded} values, stalls {_secs(sim.stall_time_s)}"),
+            ("recomputed", f"{recomputed} values, {format_secs(sim.recompute_time_s)}"),
+            ("offloaded", f"{offloaded} values, stalls {format_secs(sim.stall_time_s)}"),
         ]
         data["plan"] = {
             "solver": result.solver,
@@ -422,7 +306,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=1))
     else:
         print(f"remat report: {args.graph}")
-        _table(rows, sys.stdout)
+        print_table(rows, sys.stdout)
     return EXIT_OK
 
 
@@ -440,10 +324,10 @@ def _write_pictures(args: argparse.Namespace, graph: Graph, result: Any) -> list
 
         points = []
         for path in args.frontier or []:
-            points += load_frontier(_read_text(path), source=path)
+            points += load_frontier(read_text(path), source=path)
         if not args.frontier and args.frontier_solvers:
             points = _frontier_local(args, graph, _solver_names(args.frontier_solvers))
-        _write(args.html, render_html(graph, result, frontier=points))
+        write_file(args.html, render_html(graph, result, frontier=points))
         wrote.append(("wrote", args.html))
     return wrote
 
@@ -534,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.add_argument(
         "--plot",
-        type=_plot_file,
+        type=plot_file,
         metavar="FRONTIER.svg",
         help="write the frontier plot (.svg/.png)",
     )
@@ -586,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--html", metavar="PAGE.html", help="write a self-contained HTML report")
     sp.add_argument(
         "--plot",
-        type=_plot_file,
+        type=plot_file,
         metavar="TIMELINE.svg",
         help="write the memory timeline (.svg/.png)",
     )
