@@ -42,6 +42,14 @@ class TaskError(Exception):
         self.type = type_
 
 
+class SolverBug(Exception):
+    """A solver raised an error of its own after its options were accepted: the service answers
+    500 (a job fails) naming the solver and the error, as for a solver whose process died."""
+
+    def __init__(self, solver: str, exc: Exception) -> None:
+        super().__init__(f"solver {solver!r} raised {type(exc).__name__}: {exc}")
+
+
 _GRAPHS: OrderedDict[str, Graph] = OrderedDict()
 _GRAPHS_KEPT = 4
 
@@ -110,11 +118,18 @@ def _solve(
         problem = solvers.Problem.build(
             graph, budget_bytes, time_limit_s=task["time_limit_s"], on_progress=on_progress
         )
-        return si.fn(problem, **checked)
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
     except ValueError as exc:
         raise TaskError(["body", "options"], str(exc)) from None
+    try:
+        return si.fn(problem, **checked)
+    except RematError as exc:
+        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
+    except ValueError as exc:
+        # The options were checked above, so a ValueError from inside the solver is its own
+        # bug, not the client's: reported as a failed solve (500), never a 422 on the options.
+        raise SolverBug(task["solver"], exc) from exc
 
 
 def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: float) -> None:
@@ -166,6 +181,12 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answ
             )
 
     try:
+        solvers.info(task["solver"]).check_options(dict(task["options"]))
+    except RematError as exc:
+        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
+    except ValueError as exc:
+        raise TaskError(["body", "options"], str(exc)) from None
+    try:
         fr = solvers.frontier(
             graph,
             budgets,
@@ -176,8 +197,8 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answ
         )
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
-    except ValueError as exc:
-        raise TaskError(["body", "options"], str(exc)) from None
+    except ValueError as exc:  # the options were checked: the solver's own bug (see _solve)
+        raise SolverBug(task["solver"], exc) from exc
     points = [FrontierPoint.of(spec, r) for spec, r in zip(specs, fr.results, strict=True)]
     timed_out = any(p.status == "timeout" for p in points)
     text = FrontierResult(
@@ -209,5 +230,7 @@ def run_task(task: dict[str, Any], progress: Progress | None = None) -> dict[str
         return {"ok": answer.text, "cacheable": answer.cacheable}
     except TaskError as exc:
         return {"error": {"loc": exc.loc, "msg": exc.msg, "type": exc.type}}
+    except SolverBug as exc:
+        return {"crash": str(exc)}
     except (RematError, ValueError) as exc:
         return {"error": {"loc": ["body"], "msg": str(exc), "type": type(exc).__name__}}

@@ -3,7 +3,8 @@
 ``test-count`` logs every run (start and end) to a file; ``test-hog`` asks for a lot of memory.
 ``test-sleep`` reports an incumbent through ``progress``, takes ``sleep_s`` seconds (bounded by
 its time limit) and then answers like ``checkpoint-all``: it makes a job that is reliably still running when a test cancels it or
-kills the server. ``test-crash`` kills its own process, as a segfaulting native solver would.
+kills the server. ``test-crash`` kills its own process, as a segfaulting native solver would;
+``test-bug`` raises a ``ValueError`` of its own, as a solver with an indexing bug would.
 Never imported by the test process itself, so the solver contract suite does not see them.
 """
 
@@ -42,6 +43,11 @@ def solve_sleep(
 @register("test-crash", kind="baseline", summary="Test only: the worker process dies")
 def solve_crash(problem: Problem) -> SolveResult:
     os._exit(13)
+
+
+@register("test-bug", kind="baseline", summary="Test only: raise ValueError from inside")
+def solve_bug(problem: Problem) -> SolveResult:
+    raise ValueError("index 7 out of range in stage table")
 
 
 @register("test-count", kind="baseline", summary="Test only: log each run, sleep, answer")

@@ -36,7 +36,7 @@ def test_health_and_solvers(client: Client) -> None:
         check=True,
         cwd=Path(__file__).resolve().parents[2],
     ).stdout.strip()
-    plugin = {"test-sleep", "test-crash", "test-count", "test-hog", "test-overrun"}
+    plugin = {"test-sleep", "test-crash", "test-bug", "test-count", "test-hog", "test-overrun"}
     assert set(listed) == {*fresh.split(","), *plugin}
     assert listed["test-sleep"].options == ["sleep_s"]  # "progress" is not the client's to set
 
@@ -142,6 +142,21 @@ def test_a_crashing_solver_fails_only_its_request(client: Client, small_graph: G
     assert "crashed" in (jf.value.job.error or "")
     assert client.health()["status"] == "ok"
     assert client.solve(small_graph, "90%", solver="checkpoint-all").fits
+
+
+def test_a_solver_bug_is_a_failed_solve_not_bad_options(client: Client, small_graph: Graph) -> None:
+    # A ValueError raised inside a solver, after its options were accepted, is the solver's
+    # fault: 500 naming the solver and the error, never a 422 blaming body.options.
+    with pytest.raises(ServiceError) as e:
+        client.solve(small_graph, "90%", solver="test-bug")
+    assert e.value.status_code == 500
+    assert "'test-bug' raised ValueError: index 7 out of range" in str(e.value)
+    assert "options" not in str(e.value)
+    job = client.submit(small_graph, "80%", solver="test-bug")
+    with pytest.raises(JobFailed) as jf:
+        client.wait(job.id, timeout_s=60, poll_s=0.05)
+    assert "'test-bug' raised ValueError" in (jf.value.job.error or "")
+    assert client.health()["status"] == "ok"
 
 
 def test_fifty_concurrent_solves_none_lost(server: Server) -> None:
