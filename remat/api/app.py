@@ -73,7 +73,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app, settings)
     for module in (graphs, solve, jobs, frontier, solvers, health):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        max_held_bytes=settings.held_body_limit_bytes,
+    )
     if settings.cors_origins:  # off unless origins are listed: no browser page may call us
         app.add_middleware(
             CORSMiddleware,

@@ -1,4 +1,6 @@
-"""The request body limit, enforced before any parsing (413 naming ``max_body_bytes``)."""
+"""The request body limits, enforced before any parsing: one body at most ``max_body_bytes``
+(413), and all bodies held at once at most ``max_held_body_bytes`` (503 with ``Retry-After``),
+so that many large uploads arriving together cannot exhaust the server's memory."""
 
 from __future__ import annotations
 
@@ -15,26 +17,42 @@ class BodyLimit:
     client that sends no Content-Length, or a false one, meets the same limit.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_held_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_held_bytes = max_held_bytes
+        self.held_bytes = 0  # body bytes of every request between its first chunk and its answer
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {"detail": f"request body exceeds the limit max_body_bytes={self.max_bytes}"}
-        ).encode()
+        detail = f"request body exceeds the limit max_body_bytes={self.max_bytes}"
+        await self._answer(send, 413, detail, [(b"connection", b"close")])
+
+    async def _busy(self, send: Send) -> None:
+        detail = (
+            f"the server holds max_held_body_bytes={self.max_held_bytes} of request bodies "
+            "already; retry"
+        )
+        await self._answer(send, 503, detail, [(b"connection", b"close"), (b"retry-after", b"1")])
+
+    async def _answer(
+        self, send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        body = json.dumps({"detail": detail}).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
+                    *headers,
                 ],
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    def _over_held(self, more: int) -> bool:
+        return self.max_held_bytes is not None and self.held_bytes + more > self.max_held_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,26 +69,35 @@ class BodyLimit:
                     return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            msg: Message = await receive()
-            if msg["type"] != "http.request":
-                break  # the client went away; let the app see it
-            chunk: bytes = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._refuse(send)
-                return
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
-        # Handed on chunk by chunk: joining them here would copy the whole body on the event
-        # loop while every other request waits.
-        pending = deque(chunks or [b""])
+        try:
+            while True:
+                msg: Message = await receive()
+                if msg["type"] != "http.request":
+                    break  # the client went away; let the app see it
+                chunk: bytes = msg.get("body", b"")
+                size += len(chunk)
+                if size > self.max_bytes:
+                    await self._refuse(send)
+                    return
+                if self._over_held(len(chunk)):
+                    await self._busy(send)
+                    return
+                self.held_bytes += len(chunk)
+                chunks.append(chunk)
+                if not msg.get("more_body", False):
+                    break
+            # Handed on chunk by chunk: joining them here would copy the whole body on the
+            # event loop while every other request waits.
+            pending = deque(chunks or [b""])
 
-        async def replay() -> Message:
-            if pending:
-                chunk = pending.popleft()
-                return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
-            return await receive()
+            async def replay() -> Message:
+                if pending:
+                    chunk = pending.popleft()
+                    return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+                return await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            # The route holds the chunks until it answers (a parser process reads them); only
+            # then are they counted out.
+            self.held_bytes -= sum(map(len, chunks))

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def _default_workers() -> int:
@@ -47,6 +47,10 @@ class Settings(BaseModel):
         Solves (jobs or synchronous requests) allowed to wait for a worker; beyond it, 429.
     max_body_bytes
         Largest request body; beyond it, 413.
+    max_held_body_bytes
+        Most bytes of request bodies the server holds at once (uploads in flight and bodies
+        being parsed); a chunk beyond it is answered 503 with ``Retry-After``. 0: four times
+        ``max_body_bytes``.
     max_nodes
         Largest graph, in nodes; beyond it, 422.
     max_time_limit_s
@@ -95,6 +99,7 @@ class Settings(BaseModel):
     workers: int = Field(default_factory=_default_workers, ge=1, le=256)
     max_queue: int = Field(default=64, ge=0)
     max_body_bytes: int = Field(default=64 * 2**20, ge=1)
+    max_held_body_bytes: int = Field(default=0, ge=0)
     max_nodes: int = Field(default=100_000, ge=1)
     max_time_limit_s: float = Field(default=3600.0, gt=0)
     sync_time_limit_s: float = Field(default=30.0, gt=0)
@@ -111,10 +116,25 @@ class Settings(BaseModel):
     parse_workers: int = Field(default=2, ge=1, le=64)
     worker_nice: int = Field(default=10, ge=0, le=19)
 
+    @model_validator(mode="after")
+    def _held_covers_one_body(self) -> Settings:
+        if 0 < self.max_held_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_held_body_bytes={self.max_held_body_bytes} is below "
+                f"max_body_bytes={self.max_body_bytes}: no body of the largest size could arrive"
+            )
+        return self
+
+    @property
+    def held_body_limit_bytes(self) -> int:
+        """``max_held_body_bytes``, or four largest bodies when it is 0."""
+        return self.max_held_body_bytes or 4 * self.max_body_bytes
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REMAT_DB``, ``REMAT_API_KEYS`` (comma separated), ``REMAT_WORKERS``,
-        ``REMAT_MAX_QUEUE``, ``REMAT_MAX_BODY_BYTES``, ``REMAT_MAX_NODES``,
+        ``REMAT_MAX_QUEUE``, ``REMAT_MAX_BODY_BYTES``, ``REMAT_MAX_HELD_BODY_BYTES``,
+        ``REMAT_MAX_NODES``,
         ``REMAT_MAX_TIME_LIMIT_S``, ``REMAT_SYNC_TIME_LIMIT_S``, ``REMAT_DEFAULT_TIME_LIMIT_S``,
         ``REMAT_PLUGINS``, ``REMAT_CORS_ORIGINS`` (comma separated), ``REMAT_JOB_MAX_ATTEMPTS``,
         ``REMAT_KILL_GRACE_S``, ``REMAT_WORKER_MEMORY_BYTES``, ``REMAT_MAX_VALUES``,
@@ -127,6 +147,7 @@ class Settings(BaseModel):
             "REMAT_WORKERS": "workers",
             "REMAT_MAX_QUEUE": "max_queue",
             "REMAT_MAX_BODY_BYTES": "max_body_bytes",
+            "REMAT_MAX_HELD_BODY_BYTES": "max_held_body_bytes",
             "REMAT_MAX_NODES": "max_nodes",
             "REMAT_MAX_TIME_LIMIT_S": "max_time_limit_s",
             "REMAT_SYNC_TIME_LIMIT_S": "sync_time_limit_s",

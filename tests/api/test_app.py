@@ -38,6 +38,11 @@ def test_settings_from_env() -> None:
     assert s.max_queue == Settings().max_queue
     with pytest.raises(ValueError, match="workers"):
         Settings.from_env({"REMAT_WORKERS": "0"})
+    # The bodies held at once default to four of the largest, and never fewer than one.
+    assert Settings(max_body_bytes=1000).held_body_limit_bytes == 4000
+    assert Settings(max_body_bytes=1000, max_held_body_bytes=1500).held_body_limit_bytes == 1500
+    with pytest.raises(ValueError, match="max_held_body_bytes=999 is below max_body_bytes=1000"):
+        Settings.from_env({"REMAT_MAX_BODY_BYTES": "1000", "REMAT_MAX_HELD_BODY_BYTES": "999"})
 
 
 def test_bad_db_url_and_plugin_are_named() -> None:

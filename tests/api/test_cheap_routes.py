@@ -1,4 +1,5 @@
-"""Cheap routes never wait behind large bodies (issue 14, item 2).
+"""Cheap routes never wait behind large bodies (issue 14, item 2), and the bodies held at once
+are capped.
 
 A real ``remat serve`` on loopback receives four large graphs at once. Each upload is held back
 before its last chunk, so the server is known to be in the middle of receiving all four when
@@ -42,8 +43,8 @@ def _graph_body(nodes: int, name: str) -> bytes:
 class _Upload:
     """One upload whose last chunk waits for ``release``."""
 
-    def __init__(self, url: str, body: bytes, release: threading.Event) -> None:
-        self.url, self.body, self.release = url, body, release
+    def __init__(self, url: str, body: bytes, release: threading.Event, chunk: int = CHUNK) -> None:
+        self.url, self.body, self.release, self.chunk = url, body, release, chunk
         self.almost = threading.Event()  # everything but the last chunk is written
         self.sent = threading.Event()  # the last chunk is written too
         self.response: httpx.Response | None = None
@@ -51,7 +52,7 @@ class _Upload:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _chunks(self) -> Iterator[bytes]:
-        pieces = [self.body[i : i + CHUNK] for i in range(0, len(self.body), CHUNK)]
+        pieces = [self.body[i : i + self.chunk] for i in range(0, len(self.body), self.chunk)]
         yield from pieces[:-1]
         self.almost.set()
         self.release.wait(300)
@@ -131,3 +132,37 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_bodies_held_at_once_are_capped(fresh_server: Server) -> None:
+    # Two uploads held mid-body fill most of max_held_body_bytes; a third body is answered 503
+    # with Retry-After (naming the setting) instead of growing the server's memory. Once the
+    # two are answered their bytes are counted out, and the third goes through.
+    fresh_server.env = {
+        "REMAT_MAX_BODY_BYTES": "200000",
+        "REMAT_MAX_HELD_BODY_BYTES": "250000",
+    }
+    s = fresh_server.start()
+    release = threading.Event()
+    bodies = [_graph_body(700, f"held{i}") for i in range(3)]
+    assert all(100_000 < len(b) < 200_000 for b in bodies), [len(b) for b in bodies]
+    held = [_Upload(s.url, b, release, chunk=50_000) for b in bodies[:2]]
+    for u in held:
+        u.thread.start()
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=s.url, timeout=300) as h:
+        try:
+            for u in held:
+                assert u.almost.wait(300), u.error
+            r = h.post("/v1/graphs", content=bodies[2], headers=headers)
+            assert r.status_code == 503, r.text
+            assert "max_held_body_bytes=250000" in r.json()["detail"]
+            assert r.headers["retry-after"] == "1"
+            assert h.get("/healthz").status_code == 200
+        finally:
+            release.set()
+        for u in held:
+            u.thread.join(300)
+            assert u.error is None, u.error
+            assert u.response is not None and u.response.status_code == 201, u.response
+        assert h.post("/v1/graphs", content=bodies[2], headers=headers).status_code == 201
