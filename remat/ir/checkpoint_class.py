@@ -9,13 +9,17 @@ recomputed. What PyTorch then does, and what :func:`checkpoint_plan` writes down
   freed after its last forward use; the region's inputs (values from outside that its
   recomputed nodes read) are held by the checkpoint until the region's backward is done;
 * backward: the first backward node of a region that reads anything saved inside it (a value
-  of the region, a region input or a parameter) triggers the region's recomputation, at once:
-  its recomputed nodes, in order, up to the last one that makes or reads a value the region's
+  of the region, a region input or a parameter) triggers the region's recomputation, at once,
+  before the first op of the autograd node it belongs to (``Node.autograd_node``: eager
+  unpacks a node's saved tensors before its formula allocates anything): the region's
+  recomputed nodes, in order, up to the last one that makes or reads a value the region's
   backward reads, as far as the graph tells (an op of a module whose backward reads the op's
-  inputs or outputs; PyTorch stops the recomputation early there); each recomputed value lives
-  until its last use; saved values (cached by the policy) are not recomputed: the cache holds
-  each until the recomputation takes it, or, past the point where it stops, until the
-  region's backward is done.
+  inputs or outputs). PyTorch stops the recomputation when that op saves its last tensor: an
+  op saves its inputs before its kernel runs and its outputs after, so a last op whose
+  outputs the backward does not read is not run again. Each recomputed value lives until its
+  last use; saved values (cached by the policy) are not recomputed: the cache holds each
+  until the recomputation takes it, or, past the point where it stops, until the region's
+  backward is done.
 
 A plan is *in the class* when it equals the plan of its own regions (:func:`regions_of`, then
 :func:`checkpoint_plan`); :func:`project` maps any plan into the class, and :func:`fit` searches
@@ -35,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from remat.ir.cuts import block_key
-from remat.ir.graph import Graph
+from remat.ir.graph import Graph, Node
 from remat.ir.plan import Plan, Step
 from remat.ir.simulate import Simulation, simulate
 
@@ -49,6 +53,17 @@ class Region:
     """The block's forward nodes, in graph order."""
     save: frozenset[str]
     """Nodes whose outputs are kept (``MUST_SAVE``); every other node may be recomputed."""
+
+
+def _autograd_node_start(nodes: tuple[Node, ...], i: int) -> int:
+    """The index of the first op of the autograd node that backward op ``i`` is part of
+    (consecutive ops with its ``autograd_node``; ``i`` itself when that is unknown)."""
+    group = nodes[i].autograd_node
+    if group is None:
+        return i
+    while i > 0 and nodes[i - 1].phase == "backward" and nodes[i - 1].autograd_node == group:
+        i -= 1
+    return i
 
 
 def _bwd_block(graph: Graph) -> dict[str, str]:
@@ -187,8 +202,12 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         )
         if stop < 0:
             continue
+        last = graph.node(r.nodes[stop])
+        if not set(last.outputs) & reads_by_module.get(last.module, set()):
+            # It saves only inputs, before its kernel runs: the recomputation stops there.
+            stop -= 1
         todo = [nid for nid in r.nodes[: stop + 1] if nid not in keep_of[r.path]]
-        trigger[packed[0]] = r
+        trigger[_autograd_node_start(nodes, packed[0])] = r
         plan_of[r.path] = todo
         # The checkpoint's frame (region inputs, the policy's cache) lives until the last
         # backward node holding one of the region's saved tensors has run.

@@ -128,7 +128,10 @@ class Node(BaseModel):
     ``inputs`` and ``outputs`` are value ids. ``time_s`` is the node's cost on the graph's
     device, ``workspace_bytes`` scratch memory alive only while it runs. ``recomputable`` is
     false for ops with side effects (they run exactly once); ``rng`` is true for ops that draw
-    random numbers (a recomputation must replay the same numbers).
+    random numbers (a recomputation must replay the same numbers). ``autograd_node`` numbers
+    the eager autograd node a backward op is part of: consecutive backward ops with the same
+    number spell one node's formula (eager unpacks that node's saved tensors before its first
+    op runs); None when unknown or for forward ops.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -145,6 +148,7 @@ class Node(BaseModel):
     recomputable: bool = True
     module: str = ""
     rng: bool = False
+    autograd_node: int | None = None
 
 
 class _GraphMeta(ModelMetaclass):

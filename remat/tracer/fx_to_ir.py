@@ -481,9 +481,21 @@ def build_graph(
         for vid, s in smap.storages.items()
     ]
     required = [*dict.fromkeys(values.grad_values.values()), values.loss_value]
+    # Backward ops of one autograd node share its seq_nr; numbered 0, 1, ... in order here (the
+    # raw numbers count every autograd node made in the process: the same model traced twice
+    # must give the same graph).
+    group: dict[int, int] = {}
+    for op in ops:
+        if op.phase == "backward" and op.seq_nr is not None:
+            group.setdefault(op.seq_nr, len(group))
     return Graph(
         name=name,
-        nodes=[op.to_node() for op in ops],
+        nodes=[
+            op.to_node(
+                group.get(op.seq_nr) if op.phase == "backward" and op.seq_nr is not None else None
+            )
+            for op in ops
+        ],
         values=ir_values,
         required=required,
         static_bytes=static_bytes(smap, values.grad_values),

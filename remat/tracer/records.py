@@ -66,7 +66,9 @@ class OpRecord:
     recomputable: bool
     seq_nr: int | None
 
-    def to_node(self) -> Node:
+    def to_node(self, autograd_node: int | None = None) -> Node:
+        """The IR node; ``autograd_node`` numbers its backward autograd node (see
+        :func:`remat.tracer.fx_to_ir.build_graph`)."""
         return Node(
             id=self.id,
             name=self.id,
@@ -78,6 +80,7 @@ class OpRecord:
             module=self.module,
             rng=self.rng,
             recomputable=self.recomputable,
+            autograd_node=autograd_node,
         )
 
 

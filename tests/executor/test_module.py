@@ -16,6 +16,7 @@ import pytest
 import torch
 from _models import SMALL
 from test_opexec import _offload_candidates, offload_plan
+from torch import nn
 
 import remat
 from remat import solver as solvers
@@ -181,3 +182,72 @@ def test_apply_works_under_autocast() -> None:
             loss_fn(m(*inputs)).backward()
     for (name, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
+
+
+class _Routed(nn.Module):
+    """Tokens sorted by a gate, transformed, and put back in their order by the inverse
+    permutation, as a mixture-of-experts block routes them."""
+
+    def __init__(self, d: int = 64, hidden: int = 16) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, 2)
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = torch.softmax(self.gate(x), dim=-1)
+        order = torch.argsort(weight[:, 0])
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel())
+        h = self.down(torch.relu(self.up(x[order] * weight[order, :1])))
+        return h[inv]  # saves only its index: the recomputation stops before it runs
+
+
+class _RoutedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_Routed() for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+def test_routed_block_recomputation_is_exact() -> None:
+    """Two rules of eager checkpointing the simulator follows (Mixtral's experts block at 50%
+    was 4.8% over its measured peak without them): a region is recomputed when the backward's
+    autograd node that needs it unpacks its saved tensors, before that node's formula
+    allocates (``h[inv]``'s backward makes its zeros first), and the recomputation stops when
+    the last saved tensor is packed, before the kernel of an op that saves only its inputs
+    (``h[inv]`` itself is not run again)."""
+    torch.manual_seed(0)
+    model = _RoutedNet()
+    inputs = (torch.randn(64, 64),)
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        return out.pow(2).mean()
+
+    graph = capture(model, inputs, loss_fn).graph
+    regions = [checkpoint_class.region(graph, p) for p in ("blocks.0", "blocks.1")]
+    plan = checkpoint_class.checkpoint_plan(graph, regions)
+    recomputed = {n for n, k in plan.compute_counts().items() if k > 1}
+    last = next(n for n in reversed(graph.forward_nodes) if n.module == "blocks.1")
+    assert last.op == "aten.index.Tensor" and last.id not in recomputed
+    computes = [s.id for s in plan.steps if s.op == "compute"]
+    zeros = next(
+        n.id
+        for n in graph.backward_nodes
+        if n.module == "blocks.1" and n.op == "aten.new_zeros.default"
+    )
+    block1 = {n.id for n in graph.forward_nodes if n.module.startswith("blocks.1")}
+    again = max(i for i, nid in enumerate(computes) if nid in recomputed & block1)
+    assert computes.index(zeros) == again + 1  # its recomputation runs before the zeros
+    sim = simulate(graph, plan)
+    ref, run = copy.deepcopy(model), copy.deepcopy(model)
+    remat.apply(run, plan, graph, mode="checkpoint")
+    _measured(ref, inputs, loss_fn)
+    mem = _measured(run, inputs, loss_fn)
+    for (n, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), n
+    assert mem.peak_dynamic_bytes == sim.peak_dynamic_bytes
