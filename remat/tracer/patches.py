@@ -112,12 +112,14 @@ def allow_fake_constants() -> Iterator[None]:
 
 
 def single_sequence_positions(example_inputs: Any) -> bool | None:
-    """What transformers' eager ``find_packed_sequence_indices`` decides for these inputs:
-    True when each batch row is one sequence (it returns None and the causal mask can be left
-    to attention's ``is_causal``), False when sequences are packed, None when it cannot be told.
+    """What transformers' eager ``find_packed_sequence_indices`` decides for the
+    ``position_ids`` given in these inputs: True when each batch row is one sequence (it
+    returns None and the causal mask can be left to attention's ``is_causal``), False when
+    sequences are packed, None when it cannot be told or there are none.
 
-    Without ``position_ids`` a model numbers the tokens itself (``0..seq-1``, one sequence per
-    row); given ones are read here, as real data, the way eager reads them."""
+    Given positions are the caller's data, read here as eager reads them. Without them a model
+    numbers the tokens itself (an ``arange`` in ``forward``), and :mod:`remat.tracer.shadow`
+    knows those values: the model's own question is answered as eager answers it, unpatched."""
     import sys
 
     masking = sys.modules.get("transformers.masking_utils")
@@ -125,7 +127,7 @@ def single_sequence_positions(example_inputs: Any) -> bool | None:
         return None
     pos = example_inputs.get("position_ids")
     if pos is None:
-        return True
+        return None
     if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.device.type == "meta":
         return None
     from torch._subclasses.fake_tensor import is_fake
