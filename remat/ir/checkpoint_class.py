@@ -109,9 +109,20 @@ def region(graph: Graph, path: str, save: Iterable[str] = ()) -> Region:
 
 def cached(graph: Graph, r: Region) -> frozenset[str]:
     """The saved nodes whose outputs the policy caches: those the backward pass reads (the
-    others' outputs are freed after the forward and made again if the recomputation passes)."""
+    others' outputs are freed after the forward and made again if the recomputation passes).
+
+    An op that eager runs in place (``Node.eager_in_place``: dropout's ``div_`` on its noise)
+    is not cached unless something outside the region reads it: the policy caches op outputs,
+    and caching an in-place op would skip its write when the recomputation runs the ops
+    before it again, so it runs again with them, from the storage's maker on."""
     bwd_reads = {x for n in graph.backward_nodes for x in n.inputs}
-    return frozenset(nid for nid in r.save if any(o in bwd_reads for o in graph.node(nid).outputs))
+    forced = forced_saves(graph, r.path, r.nodes)
+    return frozenset(
+        nid
+        for nid in r.save
+        if any(o in bwd_reads for o in graph.node(nid).outputs)
+        and (nid in forced or not graph.node(nid).eager_in_place)
+    )
 
 
 def admissible(graph: Graph, path: str) -> bool:

@@ -131,7 +131,9 @@ class Node(BaseModel):
     random numbers (a recomputation must replay the same numbers). ``autograd_node`` numbers
     the eager autograd node a backward op is part of: consecutive backward ops with the same
     number spell one node's formula (eager unpacks that node's saved tensors before its first
-    op runs); None when unknown or for forward ops.
+    op runs); None when unknown or for forward ops. ``eager_in_place`` is true for a forward op
+    that eager runs in place, writing into a storage an earlier op made (the graph, functional,
+    makes a new value): dropout's ``bernoulli_`` and ``div_`` on its noise.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -149,6 +151,7 @@ class Node(BaseModel):
     module: str = ""
     rng: bool = False
     autograd_node: int | None = None
+    eager_in_place: bool = False
 
 
 class _GraphMeta(ModelMetaclass):

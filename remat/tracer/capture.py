@@ -54,7 +54,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from remat.ir import Graph
-from remat.tracer.eager_frees import eager_forward_frees, fold_eager_frees, replay_forward
+from remat.tracer.eager_frees import (
+    eager_forward_frees,
+    eager_in_place_nodes,
+    fold_eager_frees,
+    replay_forward,
+)
 from remat.tracer.errors import TraceError
 from remat.tracer.fx_to_ir import IrMapping, JointSignature, OutputRole, joint_to_ir
 from remat.tracer.joint_passes import (
@@ -515,7 +520,9 @@ def capture(
             frees = eager_forward_frees(
                 log, joint, mapping.graph, mapping.node_fx, mapping.fx_value
             )
-            mapping = dataclasses.replace(mapping, graph=fold_eager_frees(mapping.graph, frees))
+            in_place = eager_in_place_nodes(log, joint, mapping.node_fx)
+            graph = fold_eager_frees(mapping.graph, frees, in_place)
+            mapping = dataclasses.replace(mapping, graph=graph)
     cap = Capture.of(
         joint,
         mapping,

@@ -36,7 +36,13 @@ from remat.ir import Graph
 
 LossFn = Callable[[Any], torch.Tensor]
 
-__all__ = ["EagerForwardLog", "eager_forward_frees", "fold_eager_frees", "replay_forward"]
+__all__ = [
+    "EagerForwardLog",
+    "eager_forward_frees",
+    "eager_in_place_nodes",
+    "fold_eager_frees",
+    "replay_forward",
+]
 
 
 def _base_name(func: Any) -> str:
@@ -162,18 +168,7 @@ def eager_forward_frees(
 ) -> dict[str, str]:
     """Value id -> the graph node after which eager frees it, for each forward value that eager
     frees later than the graph's last use (see the module docstring)."""
-    fwd = [
-        n
-        for n in joint.graph.nodes
-        if n.op == "call_function"
-        and n.target is not operator.getitem
-        and n.meta.get("partitioner_tag") != "is_backward"
-    ]
-    matcher = difflib.SequenceMatcher(None, log.keys, [_fx_key(n) for n in fwd], autojunk=False)
-    fx_of: dict[int, torch.fx.Node] = {}
-    for block in matcher.get_matching_blocks():
-        for d in range(block.size):
-            fx_of[block.a + d] = fwd[block.b + d]
+    fx_of = _aligned(log, joint)
 
     # The last IR node at or before each FX node (views are not nodes).
     ir_of_fx = {fx.name: nid for nid, fx in node_fx.items()}
@@ -233,6 +228,38 @@ def eager_forward_frees(
     return out
 
 
+def _aligned(log: EagerForwardLog, joint: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
+    """Logged eager op index -> the joint graph's forward FX node it is (same ops in the same
+    order, up to functionalization)."""
+    fwd = [
+        n
+        for n in joint.graph.nodes
+        if n.op == "call_function"
+        and n.target is not operator.getitem
+        and n.meta.get("partitioner_tag") != "is_backward"
+    ]
+    matcher = difflib.SequenceMatcher(None, log.keys, [_fx_key(n) for n in fwd], autojunk=False)
+    fx_of: dict[int, torch.fx.Node] = {}
+    for block in matcher.get_matching_blocks():
+        for d in range(block.size):
+            fx_of[block.a + d] = fwd[block.b + d]
+    return fx_of
+
+
+def eager_in_place_nodes(
+    log: EagerForwardLog, joint: torch.fx.GraphModule, node_fx: Mapping[str, torch.fx.Node]
+) -> frozenset[str]:
+    """The forward graph nodes whose eager op writes in place into a storage that an earlier op
+    made (dropout's ``bernoulli_`` and ``div_`` on its noise): functionalized, each is a new
+    value here, and a selective checkpoint policy cannot cache it (``Node.eager_in_place``)."""
+    ir_of_fx = {fx.name: nid for nid, fx in node_fx.items()}
+    return frozenset(
+        ir_of_fx[fx.name]
+        for i, fx in _aligned(log, joint).items()
+        if log.wrote[i] and fx.name in ir_of_fx
+    )
+
+
 def _last_at_most(sorted_ints: list[int], x: int) -> int | None:
     import bisect
 
@@ -240,17 +267,24 @@ def _last_at_most(sorted_ints: list[int], x: int) -> int | None:
     return sorted_ints[k - 1] if k else None
 
 
-def fold_eager_frees(graph: Graph, frees: Mapping[str, str]) -> Graph:
-    """``graph`` with ``eager_free_after`` set on the values in ``frees``."""
-    if not frees:
+def fold_eager_frees(
+    graph: Graph, frees: Mapping[str, str | None], in_place: frozenset[str] = frozenset()
+) -> Graph:
+    """``graph`` with ``eager_free_after`` set on the values in ``frees`` and
+    ``eager_in_place`` on the nodes in ``in_place``."""
+    if not frees and not in_place:
         return graph
     values = [
         v.model_copy(update={"eager_free_after": frees[v.id]}) if v.id in frees else v
         for v in graph.values
     ]
+    nodes = [
+        n.model_copy(update={"eager_in_place": True}) if n.id in in_place else n
+        for n in graph.nodes
+    ]
     return Graph(
         name=graph.name,
-        nodes=graph.nodes,
+        nodes=nodes,
         values=values,
         required=graph.required,
         static_bytes=graph.static_bytes,
