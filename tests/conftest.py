@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -19,3 +21,23 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def tiny_llama() -> Any:
+    """A one-layer Llama from transformers (random weights seeded with 0, grouped-query
+    attention, vocabulary 64, 16 positions) in training mode; skipped without transformers."""
+    T = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+    )
+    return T.LlamaForCausalLM(cfg).train()

@@ -93,19 +93,8 @@ def test_tensor_output_own_loss_optimizer_and_accumulation() -> None:
     assert out.shape == (8, 10)
 
 
-def test_model_output_of_a_transformers_decoder() -> None:
-    T = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-    )
-    model = T.LlamaForCausalLM(cfg).train()
+def test_model_output_of_a_transformers_decoder(tiny_llama: Any) -> None:
+    model = tiny_llama
     g = torch.Generator().manual_seed(2)
     ids = [torch.randint(0, 64, (2, 16), generator=g) for _ in range(4)]
     batches = [({"input_ids": x, "use_cache": False}, x) for x in ids]

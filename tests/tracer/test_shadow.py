@@ -84,19 +84,8 @@ def test_a_known_tensor_written_from_data_is_unknown() -> None:
         capture(_Poisoned(), (torch.randn(2, 4),))
 
 
-def test_llama_takes_eagers_mask_path_and_gradients_are_exact() -> None:
-    T = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-    )
-    model = T.LlamaForCausalLM(cfg).train()
+def test_llama_takes_eagers_mask_path_and_gradients_are_exact(tiny_llama: Any) -> None:
+    model = tiny_llama
     ids = torch.randint(0, 64, (2, 16))
     inputs: dict[str, Any] = {"input_ids": ids, "labels": ids, "use_cache": False}
 
