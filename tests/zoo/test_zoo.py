@@ -28,15 +28,10 @@ SEED = 7
 SOLVE_TIME_LIMIT_S = 5.0
 FRACTIONS = [0.7, 0.5]
 SLOW = {"t5", "whisper", "mixtral"}  # the largest graphs (700+ nodes): slow on 2 cores
-# Cases not within 2% yet (issue 11, open), with what was measured. Not strict: a case that
-# passes is reported XPASS.
-NOT_YET_EXACT: dict[tuple[str, float, str], str] = {
-    ("mixtral", 0.5, "checkpoint"): (
-        "gradients exact and the class reports infeasible, but the prediction is 5% above the "
-        "measured peak (169,752 vs 161,688 dynamic bytes) during the experts block's "
-        "recomputation, where the functional graph holds index_put's out-of-place results"
-    ),
-}
+# Cases not within 2% yet, with what was measured. Not strict: a case that passes is reported
+# XPASS. None are left (Mixtral at 50% in checkpoint mode was the last: see
+# tests/executor/test_module.py::test_routed_block_recomputation_is_exact).
+NOT_YET_EXACT: dict[tuple[str, float, str], str] = {}
 
 
 @cache
