@@ -15,7 +15,6 @@ Run: ``.venv/bin/python benchmarks/zoo.py [--models llama,gpt2] [--time-limit 5]
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import warnings
 from pathlib import Path
@@ -25,12 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
 
-import torch  # noqa: E402
-from _zoo import ZOO  # noqa: E402
+from _zoo import ZOO, reference_grads, run_case  # noqa: E402
 
-import remat  # noqa: E402
-from remat.executor import measure, planned_steps  # noqa: E402
-from remat.ir import resolve_budget, simulate  # noqa: E402
+from remat.ir import resolve_budget  # noqa: E402
 from remat.tracer import trace_capture  # noqa: E402
 
 SEED = 7
@@ -44,44 +40,20 @@ def run_model(name: str, fractions: list[float], time_limit_s: float) -> list[di
     model, inputs, loss_fn = ZOO[name]()
     cap = trace_capture(model, inputs, loss_fn, cost="flops")
     graph = cap.graph
-    ref = copy.deepcopy(model)
-    with torch.random.fork_rng():
-        torch.manual_seed(SEED)
-        loss_fn(ref(**inputs)).backward()
-    grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    grads = reference_grads(model, inputs, loss_fn, SEED)
     rows = []
     for frac in fractions:
         budget = resolve_budget(graph, frac)
         for mode in ("op", "checkpoint"):
-            if mode == "op":
-                result = remat.solve(graph, budget, time_limit_s=time_limit_s)
-                run = remat.apply(
-                    copy.deepcopy(model), result, graph, example_inputs=inputs, loss_fn=loss_fn,
-                    capture=cap,
-                )  # fmt: skip
-
-                def step(run: Any = run) -> None:
-                    run(**inputs).backward()
-
-            else:
-                result = remat.solve(
-                    graph, budget, time_limit_s=time_limit_s, executor="checkpoint"
-                )
-                run = remat.apply(copy.deepcopy(model), result, graph, mode="checkpoint")
-
-                def step(run: Any = run) -> None:
-                    loss_fn(run(**inputs)).backward()
-
-            with torch.random.fork_rng():
-                torch.manual_seed(SEED)
-                mem = measure(run, inputs, step=step)
-            sim = planned_steps(run)[0].simulation if mode == "op" else simulate(graph, result.plan)
+            case = run_case(
+                model, inputs, loss_fn, cap, budget, mode, time_limit_s=time_limit_s, seed=SEED
+            )
+            mem, sim = case.measured, case.simulation
             diff = max(
                 float((p.grad - grads[n]).abs().max())
-                for n, p in run.named_parameters()
+                for n, p in case.run.named_parameters()
                 if n in grads and p.grad is not None
             )
-            rel = mem.peak_dynamic_bytes / sim.peak_dynamic_bytes - 1.0
             rows.append(
                 {
                     "model": name,
@@ -91,10 +63,10 @@ def run_model(name: str, fractions: list[float], time_limit_s: float) -> list[di
                     "budget": budget,
                     "predicted": sim.peak_bytes,
                     "measured": mem.peak_bytes,
-                    "dyn_rel": rel,
+                    "dyn_rel": mem.peak_dynamic_bytes / sim.peak_dynamic_bytes - 1.0,
                     "within": "yes"
                     if mem.peak_bytes <= budget
-                    else ("no (infeasible)" if not result.fits else "NO"),
+                    else ("no (infeasible)" if not case.result.fits else "NO"),
                     "grad_diff": diff,
                 }
             )

@@ -260,7 +260,7 @@ def test_transformers_mask_as_eager_decides(positions: str) -> None:
         "attention mask, padded": None,
     }[positions]
     torch.manual_seed(0)
-    model, inputs, loss_fn = zoo.llama()
+    model, inputs, loss_fn = zoo.ZOO["llama"]()
     if pos is not None:
         inputs = {**inputs, "position_ids": pos}
     if positions.startswith("attention mask"):

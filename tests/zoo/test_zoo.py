@@ -8,7 +8,6 @@ are expected failures, with what was measured (``NOT_YET_EXACT``).
 
 from __future__ import annotations
 
-import copy
 from functools import cache
 from typing import Any
 
@@ -17,11 +16,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _zoo import ZOO
+from _zoo import ZOO, reference_grads, run_case
 
-import remat
-from remat.executor import measure, planned_steps
-from remat.ir import resolve_budget, simulate
+from remat.ir import resolve_budget
 from remat.tracer import TraceError, trace_capture
 
 SEED = 7
@@ -41,12 +38,7 @@ def _setup(name: str) -> tuple[Any, Any, Any, Any, dict[str, torch.Tensor]]:
         cap = trace_capture(model, inputs, loss_fn, cost="flops")
     except TraceError as exc:
         pytest.xfail(f"tracer: {exc}"[:300])
-    ref = copy.deepcopy(model)
-    with torch.random.fork_rng():
-        torch.manual_seed(SEED)
-        loss_fn(ref(**inputs)).backward()
-    grads = {n: p.grad.clone() for n, p in ref.named_parameters() if p.grad is not None}
-    return model, inputs, loss_fn, cap, grads
+    return model, inputs, loss_fn, cap, reference_grads(model, inputs, loss_fn, SEED)
 
 
 def _cases() -> list[Any]:
@@ -65,36 +57,14 @@ def _cases() -> list[Any]:
 @pytest.mark.parametrize(("name", "frac", "mode"), _cases())
 def test_zoo_apply_is_exact(name: str, frac: float, mode: str) -> None:
     model, inputs, loss_fn, cap, grads = _setup(name)
-    graph = cap.graph
-    budget = resolve_budget(graph, frac)
-    if mode == "op":
-        result = remat.solve(graph, budget, time_limit_s=SOLVE_TIME_LIMIT_S)
-        assert result.plan is not None, result.message
-        run = remat.apply(
-            copy.deepcopy(model), result, graph, example_inputs=inputs, loss_fn=loss_fn, capture=cap
-        )
-
-        def user_step() -> None:  # what a training loop writes: forward returns the loss
-            loss = run(**inputs)
-            loss.backward()
-
-    else:
-        result = remat.solve(graph, budget, time_limit_s=SOLVE_TIME_LIMIT_S, executor="checkpoint")
-        assert result.plan is not None, result.message
-        run = remat.apply(copy.deepcopy(model), result, graph, mode="checkpoint")
-
-        def user_step() -> None:  # the model's own output, its own loss
-            loss = run(**inputs).loss
-            loss.backward()
-
-    with torch.random.fork_rng():
-        torch.manual_seed(SEED)
-        mem = measure(run, inputs, step=user_step)
-    for n, p in run.named_parameters():
+    budget = resolve_budget(cap.graph, frac)
+    case = run_case(
+        model, inputs, loss_fn, cap, budget, mode, time_limit_s=SOLVE_TIME_LIMIT_S, seed=SEED
+    )
+    for n, p in case.run.named_parameters():
         if n in grads:
             assert p.grad is not None and torch.equal(p.grad, grads[n]), n
-    sim = planned_steps(run)[0].simulation if mode == "op" else simulate(graph, result.plan)
-    predicted = sim.peak_dynamic_bytes
-    assert abs(mem.peak_dynamic_bytes - predicted) <= 0.02 * predicted
-    if result.fits:
-        assert mem.peak_bytes <= budget
+    predicted = case.simulation.peak_dynamic_bytes
+    assert abs(case.measured.peak_dynamic_bytes - predicted) <= 0.02 * predicted
+    if case.result.fits:
+        assert case.measured.peak_bytes <= budget
