@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import remat
+from remat.ir import Node, Value, eager_plan, resolve_budget, simulate, synthetic
 from remat.ir import checkpoint_class as cc
-from remat.ir import eager_plan, resolve_budget, simulate, synthetic
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,57 @@ def test_a_plan_outside_the_class_is_explained() -> None:
     assert cc.why_not(graph, other) is not None
     with pytest.raises(ValueError, match="no forward node"):
         cc.region(graph, "nope")
+
+
+def _routed_block(*, grouped: bool = True) -> remat.Graph:
+    """Block ``blk``: ``f`` (x, w -> h), then ``g`` (h -> y, y read by the loss outside), whose
+    backward reads only ``h``; the backward of ``g`` is one autograd node of two ops, ``z0``
+    (zeros, reading only the incoming gradient) then ``gb`` (reading ``h``)."""
+    V, N = Value, Node
+    group = {"autograd_node": 1} if grouped else {}
+    return remat.Graph(
+        values=[
+            V(id="x", size_bytes=64, kind="input"),
+            V(id="w", size_bytes=64, kind="param"),
+            V(id="h", size_bytes=64),
+            V(id="y", size_bytes=64),
+            V(id="loss", size_bytes=4, kind="loss"),
+            V(id="g_y", size_bytes=64, kind="gradient"),
+            V(id="z", size_bytes=1000, kind="gradient"),
+            V(id="g_h", size_bytes=64, kind="gradient"),
+            V(id="g_w", size_bytes=64, kind="gradient"),
+        ],
+        nodes=[
+            N(id="f", inputs=("x", "w"), outputs=("h",), module="blk", time_s=1.0),
+            N(id="g", inputs=("h",), outputs=("y",), module="blk"),
+            N(id="L", inputs=("y",), outputs=("loss",)),
+            N(id="dL", phase="backward", inputs=("y", "loss"), outputs=("g_y",)),
+            N(id="z0", phase="backward", inputs=("g_y",), outputs=("z",), module="blk", **group),
+            N(
+                id="gb",
+                phase="backward",
+                inputs=("z", "h", "g_y"),
+                outputs=("g_h",),
+                module="blk",
+                **group,
+            ),
+            N(id="fw", phase="backward", inputs=("g_h", "x"), outputs=("g_w",), module="blk"),
+        ],
+        required=["g_w", "loss"],
+        static_bytes=128,
+    )
+
+
+def test_recomputation_runs_before_its_autograd_nodes_first_op_and_stops_early() -> None:
+    # z0 allocates before gb unpacks h: eager recomputes the region first. g, whose backward
+    # saves only its input h, is not run again (the recomputation stops when h is packed,
+    # before g's kernel).
+    graph = _routed_block()
+    plan = cc.checkpoint_plan(graph, [cc.region(graph, "blk")])
+    computes = [s.id for s in plan.steps if s.op == "compute"]
+    assert computes == ["f", "g", "L", "dL", "f", "z0", "gb", "fw"]
+    flat = _routed_block(grouped=False)  # without the group, gb is where it starts
+    flat_computes = [
+        s.id for s in cc.checkpoint_plan(flat, [cc.region(flat, "blk")]).steps if s.op == "compute"
+    ]
+    assert flat_computes == ["f", "g", "L", "dL", "z0", "f", "gb", "fw"]
