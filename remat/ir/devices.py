@@ -74,9 +74,11 @@ def roofline_time_s(
     op_class: str | None = None,
 ) -> float:
     """Roofline estimate of one op: the profile's per-op overhead plus the slower of compute
-    (``flops`` at the dtype's peak) and memory traffic (``bytes_moved`` at the bandwidth of
-    ``op_class``: ``"elementwise"``, ``"transcendental"``, ``"softmax"``, ``"random"``, or
-    None for plain memory bandwidth)."""
+    (``flops`` at the dtype's peak, times the efficiency the profile lists for ``op_class``)
+    and memory traffic (``bytes_moved`` at the bandwidth of ``op_class``: ``"elementwise"``,
+    ``"transcendental"``, ``"softmax"``, ``"random"``, an op's own name where the profile
+    measured it, or None for plain memory bandwidth)."""
     return profile.op_overhead_s + max(
-        flops / profile.flops_per_s(dtype), bytes_moved / profile.bandwidth_bytes_per_s(op_class)
+        flops / profile.flops_per_s(dtype, op_class),
+        bytes_moved / profile.bandwidth_bytes_per_s(op_class),
     )

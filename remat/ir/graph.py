@@ -67,7 +67,12 @@ class DeviceProfile(BaseModel):
     op_bandwidth_bytes_per_s
         Effective bandwidth of memory-bound op classes (``"elementwise"``, ``"transcendental"``,
         ``"softmax"``, ``"random"``; see :func:`remat.ir.devices.roofline_time_s`) where they
-        differ from ``memory_bandwidth_bytes_per_s`` (measured for the local CPU).
+        differ from ``memory_bandwidth_bytes_per_s`` (measured for the local CPU). A key may
+        also be one op's base name (``"tanh"``, ``"silu_backward"``), measured on its own.
+    op_compute_efficiency
+        Fraction of the dtype's peak FLOP/s that compute-bound op kinds reach, where it is not
+        the matrix product's (measured for the local CPU: ``"attention"`` and
+        ``"attention_causal"``, the fused attention kernels, whose causal FLOPs count half).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -81,6 +86,9 @@ class DeviceProfile(BaseModel):
     op_bandwidth_bytes_per_s: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = (
         Field(default_factory=dict)
     )
+    op_compute_efficiency: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = Field(
+        default_factory=dict
+    )
 
     def bandwidth_bytes_per_s(self, op_class: str | None) -> float:
         """Effective bandwidth of ``op_class``, else the memory bandwidth."""
@@ -88,8 +96,13 @@ class DeviceProfile(BaseModel):
             return self.op_bandwidth_bytes_per_s[op_class]
         return self.memory_bandwidth_bytes_per_s
 
-    def flops_per_s(self, dtype: str | None) -> float:
-        """Peak FLOP/s for ``dtype``, falling back to float32, then to the slowest listed."""
+    def flops_per_s(self, dtype: str | None, op_class: str | None = None) -> float:
+        """FLOP/s for ``dtype`` (its peak, falling back to float32, then to the slowest listed),
+        times the compute efficiency of ``op_class`` when the profile lists one."""
+        eff = self.op_compute_efficiency.get(op_class, 1.0) if op_class is not None else 1.0
+        return eff * self._peak_flops_per_s(dtype)
+
+    def _peak_flops_per_s(self, dtype: str | None) -> float:
         if dtype is not None and dtype in self.peak_flops_per_s:
             return self.peak_flops_per_s[dtype]
         if "float32" in self.peak_flops_per_s:

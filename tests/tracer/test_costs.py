@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -12,8 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from examples.models import build_gpt, build_mlp, build_resnet
 from remat.ir import DeviceProfile, get_profile
 from remat.ir.devices import roofline_time_s
-from remat.tracer import capture, cpu_profile, node_flops, resolve_cost, trace, trace_capture
-from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved, op_class
+from remat.tracer import capture, costs, cpu_profile, node_flops, resolve_cost, trace, trace_capture
+from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved, cost_key, op_class, op_clock
 
 aten = torch.ops.aten
 
@@ -108,7 +109,8 @@ def test_cpu_profile_is_measured_once_and_cached(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
     first = cpu_profile()
     cached = json.loads((tmp_path / "cpu-profile.json").read_text())
-    assert DeviceProfile.model_validate(cached["profile"]) == first
+    (stored,) = cached["profiles"].values()
+    assert DeviceProfile.model_validate(stored) == first
     assert first.peak_flops_per_s["float32"] > 0 and first.memory_bandwidth_bytes_per_s > 0
     assert cpu_profile() == first  # read back, not measured again
     g = trace(*build_mlp(batch=4, in_features=8, hidden=16, depth=1), cost="cpu")
@@ -156,18 +158,15 @@ def test_default_cost_is_the_local_cpu_roofline(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
     profile = cpu_profile()
     assert profile.op_overhead_s > 0
-    assert set(profile.op_bandwidth_bytes_per_s) == {
-        "elementwise",
-        "transcendental",
-        "softmax",
-        "norm",
-        "random",
-    }
+    classes = {"elementwise", "elementwise_strided", "transcendental", "softmax", "norm", "random"}
+    assert set(profile.op_bandwidth_bytes_per_s) == classes | set(costs._OP_PROBES)
+    assert set(profile.op_compute_efficiency) == {"attention", "attention_causal"}
     cap = trace_capture(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2))
     assert cap.graph.device == profile
     for n in cap.graph.nodes:
-        moved = bytes_moved(cap.node_fx[n.id])
-        expected = roofline_time_s(profile, n.flops, moved, "float32", op_class(n.op))
+        fx = cap.node_fx[n.id]
+        moved = bytes_moved(fx)
+        expected = roofline_time_s(profile, n.flops, moved, "float32", cost_key(fx, profile))
         assert n.time_s == pytest.approx(expected)
         assert n.time_s > 0
 
@@ -237,3 +236,125 @@ def test_profile_rejects_a_negative_overhead_or_bandwidth() -> None:
         DeviceProfile.model_validate({**base, "op_overhead_s": -1.0})
     with pytest.raises(ValidationError, match="op_bandwidth_bytes_per_s"):
         DeviceProfile.model_validate({**base, "op_bandwidth_bytes_per_s": {"random": 0.0}})
+
+
+def test_the_profile_cache_keeps_one_profile_per_key(tmp_path, monkeypatch) -> None:
+    """Processes with other thread counts add their profile beside this one, never over it;
+    the one-profile file of the previous version is read as one entry."""
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    made = []
+
+    def fake_measure(**kwargs) -> DeviceProfile:
+        made.append(1)
+        return _toy_profile().model_copy(update={"op_overhead_s": float(len(made))})
+
+    monkeypatch.setattr(costs, "measure_cpu_profile", fake_measure)
+    monkeypatch.setattr(costs, "_PROFILES", {})
+    monkeypatch.setattr(costs, "_cpu_key", lambda device="cpu": "key-a")
+    a = cpu_profile()
+    monkeypatch.setattr(costs, "_PROFILES", {})
+    monkeypatch.setattr(costs, "_cpu_key", lambda device="cpu": "key-b")
+    b = cpu_profile()
+    monkeypatch.setattr(costs, "_PROFILES", {})
+    monkeypatch.setattr(costs, "_cpu_key", lambda device="cpu": "key-a")
+    assert cpu_profile() == a != b  # read back from the file, not measured again
+    assert len(made) == 2
+    stored = json.loads((tmp_path / "cpu-profile.json").read_text())["profiles"]
+    assert set(stored) == {"key-a", "key-b"}
+    # the old format: {"key": ..., "profile": ...}
+    (tmp_path / "cpu-profile.json").write_text(
+        json.dumps({"key": "key-a", "profile": a.model_dump()})
+    )
+    monkeypatch.setattr(costs, "_PROFILES", {})
+    assert cpu_profile() == a and len(made) == 2
+
+
+def test_ops_are_timed_on_the_cpu_clock_with_one_thread(monkeypatch) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert op_clock("cpu") is time.thread_time
+    assert op_clock("cuda") is time.perf_counter
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert op_clock("cpu") is time.perf_counter
+
+
+def _measured_profile() -> DeviceProfile:
+    """A fixed profile of the kind the local CPU gets (per-op keys, attention efficiency)."""
+    bw = {"elementwise": 2e10, "elementwise_strided": 1e10, "transcendental": 5e9}
+    bw.update({"tanh": 2e9, "sqrt": 1.2e10, "pow": 1e9, "silu": 7e9})
+    return DeviceProfile(
+        name="fixed",
+        peak_flops_per_s={"float32": 8e10},
+        memory_bandwidth_bytes_per_s=1.5e10,
+        host_bandwidth_bytes_per_s=1.5e10,
+        op_overhead_s=3e-6,
+        op_bandwidth_bytes_per_s=bw,
+        op_compute_efficiency={"attention": 0.7, "attention_causal": 0.35},
+    )
+
+
+def _fx_of(fn, *args):
+    gm = torch.fx.experimental.proxy_tensor.make_fx(fn, tracing_mode="fake")(*args)
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_cost_keys_of_ops_the_profile_measured() -> None:
+    p = _measured_profile()
+    x = torch.randn(64, 32)
+    nodes = _fx_of(
+        lambda x: (
+            torch.tanh(x),
+            torch.pow(x, 2),
+            torch.pow(x, 0.5),
+            torch.pow(x, 1.7),
+            torch.exp(x),
+            x + x,
+            x.t() + 1,
+            x * x[0],
+            F.silu(x),
+        ),
+        x,
+    )
+    keys = [cost_key(n, p) for n in nodes]
+    # tanh and silu by name; pow(x, 2) is a multiply, pow(x, 0.5) a square root, pow(x, 1.7) a
+    # real power; exp (not measured on its own) by its class; an add or a multiply that reads a
+    # transposed or broadcast operand is strided (the views themselves are the executor's).
+    assert keys == [
+        "tanh",
+        "elementwise",
+        "sqrt",
+        "pow",
+        "transcendental",
+        "elementwise",
+        "elementwise",  # aten.t
+        "elementwise_strided",  # x.t() + 1
+        "elementwise",  # aten.select
+        "elementwise_strided",  # x * x[0]
+        "silu",
+    ]
+    # A datasheet profile has no per-op keys: classes only, as before.
+    h100 = get_profile("h100")
+    sq = torch.randn(32, 32)
+    assert {cost_key(n, h100) for n in _fx_of(lambda x: torch.tanh(x) + x.t(), sq)} == {
+        "transcendental",
+        "elementwise",
+    }
+
+
+def test_attention_is_priced_at_the_profiles_efficiency() -> None:
+    """A deterministic prediction from a fixed profile: the fused attention kernel's time is
+    its counted FLOPs over the matmul rate times the measured efficiency (causal apart)."""
+    p = _measured_profile()
+    model, inputs, loss_fn = build_gpt(
+        batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2, dropout=0.0
+    )
+    cap = trace_capture(model, inputs, loss_fn, cost=p)
+    attn = [n for n in cap.graph.nodes if "flash_attention_for_cpu" in n.op]
+    assert len(attn) == 2
+    for n in attn:
+        fx = cap.node_fx[n.id]
+        assert cost_key(fx, p) == "attention_causal"
+        compute_s = n.flops / (0.35 * 8e10)
+        memory_s = bytes_moved(fx) / 1.5e10
+        assert n.time_s == pytest.approx(3e-6 + max(compute_s, memory_s))
+    assert p.flops_per_s("float32", "attention") == pytest.approx(0.7 * 8e10)
+    assert p.flops_per_s("float32", "mm") == 8e10
