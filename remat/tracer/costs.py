@@ -7,7 +7,7 @@
   ...), ``attention``/``attention_causal`` for the fused attention kernels (a share of the
   matmul rate), what ``pow`` becomes for its exponent, or else its class (:func:`op_class`:
   plain element-wise/copy, element-wise with a strided or broadcast operand, transcendental,
-  softmax, normalisation, random draw). No op that moves bytes costs zero. The default of
+  softmax, reduction, normalisation, random draw). No op that moves bytes costs zero. The default of
   :func:`remat.trace` (``cost=None``) is the roofline of the device the step targets: the
   measured local CPU for ``target="cpu"``.
 * ``"measure"``: each node runs on the local device (real tensors, the joint graph executed
@@ -60,7 +60,7 @@ Cost = str | DeviceProfile
 
 # ATen op names (without "aten." and the overload) of each memory-bound class whose effective
 # bandwidth differs from a plain element-wise op's. Anything else that does no FLOPs is
-# "elementwise" (adds, copies, clones, concatenations, reductions, materialised views).
+# "elementwise" (adds, copies, clones, concatenations, materialised views).
 OP_CLASSES: dict[str, frozenset[str]] = {
     "random": frozenset(
         {
@@ -89,6 +89,26 @@ OP_CLASSES: dict[str, frozenset[str]] = {
             "softmax",
             "log_softmax",
             "logsumexp",
+        }
+    ),
+    "reduction": frozenset(
+        {
+            "sum",
+            "mean",
+            "amax",
+            "amin",
+            "max",
+            "min",
+            "var",
+            "std",
+            "var_mean",
+            "prod",
+            "linalg_vector_norm",
+            "norm",
+            "argmax",
+            "argmin",
+            "any",
+            "all",
         }
     ),
     "norm": frozenset(
@@ -165,7 +185,7 @@ def cost_key(fx: torch.fx.Node, profile: DeviceProfile) -> str:
     if base == "pow" and len(fx.args) == 2 and isinstance(fx.args[1], (int, float)):
         as_ = _POW_AS.get(float(fx.args[1]), "pow")
         return as_ if as_ in measured or as_ == "elementwise" else op_class(f"aten.{base}")
-    if base in measured:
+    if base in _OP_PROBES and base in measured:
         return base
     cls = op_class(f"aten.{name}")
     if cls == "elementwise" and "elementwise_strided" in measured and _strided(fx):
@@ -311,6 +331,8 @@ def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfi
         "transcendental": (cold(F.gelu), 2 * nbytes),
         "softmax": (cold(lambda x: torch.softmax(x.view(1024, 1024), -1)), 2 * nbytes),
         "norm": (cold(lambda x: F.layer_norm(x.view(1024, 1024), (1024,), w, w)), 2 * nbytes),
+        # over the last dimension of rows of 1024, as a norm's statistics (the output is tiny)
+        "reduction": (cold(lambda x: x.view(1024, 1024).mean(-1)), nbytes + 4096),
         "random": (cold(lambda x: torch.ops.aten.bernoulli.p(x, 0.9)), 2 * nbytes),
     }
     for name, (op, tensors) in _OP_PROBES.items():

@@ -158,7 +158,8 @@ def test_default_cost_is_the_local_cpu_roofline(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
     profile = cpu_profile()
     assert profile.op_overhead_s > 0
-    classes = {"elementwise", "elementwise_strided", "transcendental", "softmax", "norm", "random"}
+    classes = {"elementwise", "elementwise_strided", "transcendental", "softmax", "reduction"}
+    classes |= {"norm", "random"}
     assert set(profile.op_bandwidth_bytes_per_s) == classes | set(costs._OP_PROBES)
     assert set(profile.op_compute_efficiency) == {"attention", "attention_causal"}
     cap = trace_capture(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2))
@@ -197,6 +198,7 @@ def test_op_classes() -> None:
     assert op_class("aten._safe_softmax.default") == "softmax"
     assert op_class("aten.native_layer_norm.default") == "norm"
     assert op_class("aten.bernoulli.p") == "random"
+    assert op_class("aten.mean.dim") == op_class("aten.sum.dim_IntList") == "reduction"
 
 
 @pytest.mark.parametrize("solver", ["none", "checkpoint-all", "rotor", "auto"])
