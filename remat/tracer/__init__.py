@@ -59,8 +59,9 @@ matches it (tested on every example model).
 """
 
 from remat.tracer.capture import Capture, TraceError, capture
-from remat.tracer.costs import cpu_profile, measure_cpu_profile, resolve_cost
+from remat.tracer.costs import resolve_cost
 from remat.tracer.flops import EXTRA_FLOP_FORMULAS, node_flops, register_flop_formula
+from remat.tracer.profile import cpu_profile, measure_cpu_profile
 from remat.tracer.trace import (
     load_spec,
     optimizer_state_bytes,

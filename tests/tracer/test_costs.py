@@ -13,8 +13,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from examples.models import build_gpt, build_mlp, build_resnet
 from remat.ir import DeviceProfile, get_profile
 from remat.ir.devices import roofline_time_s
-from remat.tracer import capture, costs, cpu_profile, node_flops, resolve_cost, trace, trace_capture
-from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved, cost_key, op_class, op_clock
+from remat.tracer import capture, cpu_profile, node_flops, resolve_cost, trace, trace_capture
+from remat.tracer import profile as profiles
+from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved, cost_key, op_class
+from remat.tracer.profile import op_clock
 
 aten = torch.ops.aten
 
@@ -160,7 +162,7 @@ def test_default_cost_is_the_local_cpu_roofline(tmp_path, monkeypatch) -> None:
     assert profile.op_overhead_s > 0
     classes = {"elementwise", "elementwise_strided", "transcendental", "softmax", "reduction"}
     classes |= {"norm", "random"}
-    assert set(profile.op_bandwidth_bytes_per_s) == classes | set(costs._OP_PROBES)
+    assert set(profile.op_bandwidth_bytes_per_s) == classes | set(profiles._OP_PROBES)
     assert set(profile.op_compute_efficiency) == {"attention", "attention_causal"}
     cap = trace_capture(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2))
     assert cap.graph.device == profile
@@ -250,15 +252,15 @@ def test_the_profile_cache_keeps_one_profile_per_key(tmp_path, monkeypatch) -> N
         made.append(1)
         return _toy_profile().model_copy(update={"op_overhead_s": float(len(made))})
 
-    monkeypatch.setattr(costs, "measure_cpu_profile", fake_measure)
-    monkeypatch.setattr(costs, "_PROFILES", {})
-    monkeypatch.setattr(costs, "_cpu_key", lambda device="cpu": "key-a")
+    monkeypatch.setattr(profiles, "measure_cpu_profile", fake_measure)
+    monkeypatch.setattr(profiles, "_PROFILES", {})
+    monkeypatch.setattr(profiles, "_cpu_key", lambda device="cpu": "key-a")
     a = cpu_profile()
-    monkeypatch.setattr(costs, "_PROFILES", {})
-    monkeypatch.setattr(costs, "_cpu_key", lambda device="cpu": "key-b")
+    monkeypatch.setattr(profiles, "_PROFILES", {})
+    monkeypatch.setattr(profiles, "_cpu_key", lambda device="cpu": "key-b")
     b = cpu_profile()
-    monkeypatch.setattr(costs, "_PROFILES", {})
-    monkeypatch.setattr(costs, "_cpu_key", lambda device="cpu": "key-a")
+    monkeypatch.setattr(profiles, "_PROFILES", {})
+    monkeypatch.setattr(profiles, "_cpu_key", lambda device="cpu": "key-a")
     assert cpu_profile() == a != b  # read back from the file, not measured again
     assert len(made) == 2
     stored = json.loads((tmp_path / "cpu-profile.json").read_text())["profiles"]
@@ -267,7 +269,7 @@ def test_the_profile_cache_keeps_one_profile_per_key(tmp_path, monkeypatch) -> N
     (tmp_path / "cpu-profile.json").write_text(
         json.dumps({"key": "key-a", "profile": a.model_dump()})
     )
-    monkeypatch.setattr(costs, "_PROFILES", {})
+    monkeypatch.setattr(profiles, "_PROFILES", {})
     assert cpu_profile() == a and len(made) == 2
 
 
