@@ -312,6 +312,19 @@ def _planned(
     return step
 
 
+def _check_budget(result: Any, allow_over_budget: bool) -> None:
+    peak, budget = getattr(result, "peak_bytes", None), getattr(result, "budget_bytes", None)
+    if allow_over_budget or peak is None or budget is None or peak <= budget:
+        return
+    smallest = getattr(result, "min_budget_bytes", None)
+    hint = f" (the smallest plan known peaks at {smallest} bytes)" if smallest else ""
+    raise ExecutorError(
+        f"result's plan peaks at {peak} bytes, over its budget of {budget} bytes "
+        f"(status {getattr(result, 'status', None)!r}){hint}: solve with a larger budget, or "
+        "pass allow_over_budget=True to run it anyway"
+    )
+
+
 def apply(
     model: nn.Module,
     result: Any,
@@ -323,6 +336,7 @@ def apply(
     mode: str = "op",
     strict: bool = False,
     capture: Any = None,
+    allow_over_budget: bool = False,
 ) -> nn.Module:
     """Make ``model``'s training forward and backward run ``result``'s plan.
 
@@ -349,9 +363,15 @@ def apply(
     capture
         A :class:`remat.tracer.Capture` of this step (with ``example_inputs``), to skip
         capturing again.
+    allow_over_budget
+        Run a result whose plan peaks above its budget (an ``infeasible`` answer carries the
+        smallest plan found). By default such a result is refused with an
+        :class:`ExecutorError` naming both figures, so that a step never runs over the budget
+        it was planned for without the caller asking.
     """
     from remat.executor.module import apply_checkpoint, remove
 
+    _check_budget(result, allow_over_budget)
     if mode == "checkpoint":
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn, strict=strict

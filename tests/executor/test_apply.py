@@ -41,7 +41,11 @@ def _setup(model_name: str) -> tuple[Any, Any, Any, Any, dict[str, torch.Tensor]
 def _applied(model_name: str, result: Any) -> Any:
     model, inputs, loss_fn, cap, _ = _setup(model_name)
     run = copy.deepcopy(model)
-    return remat.apply(run, result, cap.graph, example_inputs=inputs, loss_fn=loss_fn)
+    # Plans over their budget too ("none" at 50%): the prediction is checked on every plan,
+    # the budget where the plan fits.
+    return remat.apply(
+        run, result, cap.graph, example_inputs=inputs, loss_fn=loss_fn, allow_over_budget=True
+    )
 
 
 @pytest.mark.parametrize("frac", FRACTIONS)
@@ -183,3 +187,31 @@ def test_bad_mode_is_a_value_error() -> None:
     model, _, _, cap, _ = _setup("mlp")
     with pytest.raises(ValueError, match="mode"):
         remat.apply(copy.deepcopy(model), eager_plan(cap.graph), mode="fast")
+
+
+@pytest.mark.parametrize("mode", ["op", "checkpoint"])
+def test_a_plan_over_its_budget_is_refused_unless_asked(mode: str) -> None:
+    # "none" at 50% answers infeasible with the eager plan, which peaks above the budget: a
+    # step never runs over the budget it was planned for unless the caller says so.
+    model, inputs, loss_fn, cap, grads = _setup("mlp")
+    executor = "op" if mode == "op" else "checkpoint"
+    budget = resolve_budget(cap.graph, 0.5)
+    result = solvers.solve(cap.graph, budget, solver="none", executor=executor)
+    assert result.plan is not None and result.peak_bytes > result.budget_bytes
+    with pytest.raises(ExecutorError, match=r"over its budget .*allow_over_budget=True"):
+        remat.apply(copy.deepcopy(model), result, cap.graph, mode=mode)
+    run = remat.apply(
+        copy.deepcopy(model),
+        result,
+        cap.graph,
+        example_inputs=inputs if mode == "op" else None,
+        loss_fn=loss_fn if mode == "op" else None,
+        mode=mode,
+        allow_over_budget=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        mem = measure(run, inputs, None if mode == "op" else loss_fn)
+    for name, p in run.named_parameters():
+        assert torch.equal(p.grad, grads[name]), name
+    assert mem.peak_bytes > result.budget_bytes  # what it was asked to do, measured

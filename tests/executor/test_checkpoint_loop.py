@@ -29,7 +29,10 @@ def _applied(**kw: Any) -> tuple[Any, Any, Any, Any]:
         cap = capture(model, inputs, loss_fn)
     result = remat.solve(cap.graph, resolve_budget(cap.graph, 0.5), executor="checkpoint")
     assert result.plan is not None and "blocks" in result.message  # regions were chosen
-    run = remat.apply(copy.deepcopy(model), result, cap.graph, mode="checkpoint")
+    # The loop is under test, not the budget: at 50% the class may have no plan that fits.
+    run = remat.apply(
+        copy.deepcopy(model), result, cap.graph, mode="checkpoint", allow_over_budget=True
+    )
     return model, inputs, loss_fn, run
 
 
@@ -75,7 +78,7 @@ def test_eval_state_dict_and_identity_are_unchanged() -> None:
     state = {k: v.clone() for k, v in run.state_dict().items()}
     graph = capture(model, inputs, _loss_fn).graph
     result = remat.solve(graph, resolve_budget(graph, 0.5), executor="checkpoint")
-    remat.apply(run, result, graph, mode="checkpoint")
+    remat.apply(run, result, graph, mode="checkpoint", allow_over_budget=True)
     assert all(p is q for p, q in zip(run.parameters(), params, strict=True))
     assert run.state_dict().keys() == state.keys()
     assert all(torch.equal(run.state_dict()[k], v) for k, v in state.items())

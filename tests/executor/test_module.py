@@ -67,7 +67,7 @@ def test_checkpoint_class_plans_run_exactly(name: str, frac: float, solver: str)
     sim = simulate(graph, result.plan)
     assert sim.peak_bytes == result.peak_bytes
     ref, run = copy.deepcopy(model), copy.deepcopy(model)
-    remat.apply(run, result, graph, mode="checkpoint")
+    remat.apply(run, result, graph, mode="checkpoint", allow_over_budget=True)  # 50%: may not fit
     eager = _measured(ref, inputs, loss_fn)
     mem = _measured(run, inputs, loss_fn)
     for (n, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):

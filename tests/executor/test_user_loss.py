@@ -76,7 +76,9 @@ def test_tensor_output_own_loss_optimizer_and_accumulation() -> None:
     result = solvers.get("checkpoint-all")(graph, resolve_budget(graph, 0.5))
     assert result.plan is not None
     assert result.plan.compute_counts() != {n.id: 1 for n in graph.nodes}  # it recomputes
-    run = remat.apply(copy.deepcopy(model), result, graph, example_inputs=(batches[0][0],))
+    run = remat.apply(  # the loop is under test: checkpoint-all may not fit 50%
+        copy.deepcopy(model), result, graph, example_inputs=(batches[0][0],), allow_over_budget=True
+    )
 
     def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out, y, label_smoothing=0.1)
@@ -102,7 +104,13 @@ def test_model_output_of_a_transformers_decoder(tiny_llama: Any) -> None:
     assert cap.output is not None
     result = remat.solve(cap.graph, resolve_budget(cap.graph, 0.5), time_limit_s=5)
     assert result.plan is not None
-    run = remat.apply(copy.deepcopy(model), result, cap.graph, example_inputs=batches[0][0])
+    run = remat.apply(  # the loop is under test: a 5 s solve may find no plan within 50%
+        copy.deepcopy(model),
+        result,
+        cap.graph,
+        example_inputs=batches[0][0],
+        allow_over_budget=True,
+    )
 
     def loss_of(out: Any, ids: torch.Tensor) -> torch.Tensor:  # the loop's own shifted loss
         logits = out.logits[:, :-1].reshape(-1, out.logits.shape[-1])
