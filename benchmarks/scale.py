@@ -14,6 +14,10 @@ starts from, the values at module boundaries (:func:`remat.ir.block_cuts`) are a
 and the knapsack chooses among the others; without them a recomputation would start from the
 step's inputs and the peak would not move.
 
+Traced graphs are kept in ``~/.cache/remat/bench/`` (``REMAT_BENCH_CACHE``) as the graph's JSON,
+keyed by name, the torch and transformers versions and the tracer's source, so a second run
+solves without tracing again (``--no-cache`` traces anyway; ``--fractions=`` only traces).
+
 For each solver: nodes, status, overhead over eager, the bound ``auto`` proved (as overhead),
 the gap to it, and solve seconds against the limit.
 
@@ -26,6 +30,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -104,6 +110,52 @@ def _gpt(layers: int) -> Graph:
         batch=8, seq=128, vocab=1024, d_model=128, n_layers=layers, n_heads=4
     )
     return trace(model, inputs, loss_fn, cost="flops")
+
+
+CACHE_DIR = Path(os.environ.get("REMAT_BENCH_CACHE", Path.home() / ".cache" / "remat" / "bench"))
+"""Where traced graphs are kept (``REMAT_BENCH_CACHE`` overrides): tracing the 70B Llama step
+takes minutes, solving it again should not."""
+
+TRACED = ("gpt12", "gpt48", "llama7b", "llama70b", "opt2")
+"""The graphs that are traced (slow) rather than built: these are cached on disk."""
+
+
+def _cache_key(name: str) -> str:
+    """The graph's name, the torch and transformers versions, and the source of the tracer, the
+    example models and this file's model builders: a change to any of them traces again."""
+    import inspect
+
+    import torch
+    import transformers
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    h.update(f"{name}|{torch.__version__}|{transformers.__version__}".encode())
+    sources = [*(root / "remat" / "tracer").rglob("*.py"), root / "examples" / "models.py"]
+    for src in sorted(sources):
+        h.update(src.read_bytes())
+    h.update(inspect.getsource(_trace_hf).encode())
+    h.update(inspect.getsource(_gpt).encode())
+    return f"{name}-{h.hexdigest()[:16]}"
+
+
+def load_graph(name: str, *, cache: bool = True) -> tuple[Graph, str]:
+    """The graph ``name`` of :data:`GRAPHS`; a traced one from :data:`CACHE_DIR` when it was
+    traced before by the same code (the graph's own JSON form), traced and stored otherwise.
+    Returns the graph and where it came from ("built", "traced" or "cache")."""
+    if name not in GRAPHS:
+        raise ValueError(f"unknown graph {name!r}; choose from {', '.join(GRAPHS)}")
+    if not cache or name not in TRACED:
+        return GRAPHS[name](), "built" if name not in TRACED else "traced"
+    path = CACHE_DIR / f"{_cache_key(name)}.json"
+    if path.is_file():
+        return Graph.from_json(path.read_bytes()), "cache"
+    g = GRAPHS[name]()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(g.to_json())
+    tmp.replace(path)  # atomic: a concurrent run reads the whole file or none
+    return g, "traced"
 
 
 GRAPHS: dict[str, Callable[[], Graph]] = {
@@ -192,6 +244,7 @@ def main() -> None:
     ap.add_argument("--solvers", default=",".join(REMAT_SOLVERS + TORCH_SOLVERS))
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--no-cache", action="store_true", help=f"trace again, ignoring {CACHE_DIR}")
     args = ap.parse_args()
     names = [s for s in args.solvers.split(",") if s]
     fracs = [float(f) for f in args.fractions.split(",") if f]
@@ -202,12 +255,14 @@ def main() -> None:
         print("|" + "---|" * len(header))
     for gname in args.graphs.split(","):
         t = time.perf_counter()
-        g = GRAPHS[gname]()
+        g, source = load_graph(gname, cache=not args.no_cache)
         build_s = time.perf_counter() - t
         eager = simulate(g, eager_plan(g))
         base = eager.total_time_s
         print(
-            f"# {gname}: {g.num_nodes} nodes, built in {build_s:.1f} s", file=sys.stderr, flush=True
+            f"# {gname}: {g.num_nodes} nodes, {source} in {build_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
         )
         for frac in fracs:
             budget = g.static_bytes + int(frac * eager.peak_dynamic_bytes)

@@ -34,7 +34,7 @@ from typing import Literal
 from remat.ir.cuts import Cut, articulation_cuts, block_cuts
 from remat.ir.errors import InvalidPlanError
 from remat.ir.graph import Graph
-from remat.ir.plan import Plan, Step
+from remat.ir.plan import Plan, Step, step_maker
 
 CutKind = Literal["auto", "articulation", "blocks"]
 ChainOpKind = Literal["forward", "backward", "offload", "prefetch", "rerun"]
@@ -86,6 +86,7 @@ def _transient(graph: Graph, positions: list[int], counted: set[str], skip: set[
     """Peak bytes of the ``counted`` values the nodes at ``positions`` make, each alive from its
     node to its last reader among them (values in ``skip`` are accounted elsewhere), plus the
     running node's workspace."""
+    size = graph.size_map()
     last: dict[str, int] = {}
     for k, i in enumerate(positions):
         for x in graph.nodes[i].inputs:
@@ -96,7 +97,7 @@ def _transient(graph: Graph, positions: list[int], counted: set[str], skip: set[
         node = graph.nodes[i]
         for o in node.outputs:
             if o in counted and o not in skip:
-                live[o] = graph.value(o).size_bytes
+                live[o] = size[o]
         peak = max(peak, sum(live.values()) + node.workspace_bytes)
         for v in list(live):
             if last.get(v, -1) <= k:
@@ -192,8 +193,8 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
     """The chain of ``graph`` with stages between the given cuts (any forward cuts, e.g.
     :func:`remat.ir.cuts.forward_cuts` picked by a solver); ``kind`` is recorded."""
     nodes = graph.nodes
-    size = {v.id: v.size_bytes for v in graph.values}
-    static = {v.id for v in graph.values if graph.is_static(v.id)}
+    size = graph.size_map()
+    static = graph.static_ids()
     bounds = sorted(c.position for c in chosen)
     stage_of: dict[int, int] = {}
     s = 0
@@ -227,14 +228,23 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
             cur = min(cur, max(reads))
         bwd_stage[i] = max(cur, 0)
     cut_values = {c.position: c for c in chosen}
-    stages: list[Stage] = []
-    pos_of_stage_end = {st: max(i for i, s2 in stage_of.items() if s2 == st) for st in range(num)}
+    # each stage's nodes in graph order, grouped in one pass (not one scan per stage)
+    fwd_of: list[list[int]] = [[] for _ in range(num)]
+    for i, st in stage_of.items():
+        fwd_of[st].append(i)
+    bwd_of: list[list[int]] = [[] for _ in range(num)]
+    for i, st in bwd_stage.items():
+        bwd_of[st].append(i)
+    pos_of_stage_end = {st: fwd_of[st][-1] for st in range(num) if fwd_of[st]}
     bwd_readers = {
-        v: any(r.phase == "backward" for r in graph.consumers_of(v)) for v in produced_in
+        v: any(nodes[r].phase == "backward" for r in graph.consumer_positions(v))
+        for v in produced_in
     }
+    required = {v for v in produced_in if graph.is_required(v)}
+    stages: list[Stage] = []
     for st in range(num):
-        fwd = [i for i, s2 in stage_of.items() if s2 == st]
-        bwd = [i for i, s2 in bwd_stage.items() if s2 == st]
+        fwd = fwd_of[st]
+        bwd = bwd_of[st]
         inp: tuple[str, ...] = ()
         if st > 0:
             c = cut_values.get(pos_of_stage_end[st - 1])
@@ -253,7 +263,7 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
             o
             for i in fwd
             for o in nodes[i].outputs
-            if o not in static and o not in out_cut and not graph.is_required(o)
+            if o not in static and o not in out_cut and o not in required
         }
         saved_set = set(saved)
         stages.append(
@@ -303,8 +313,9 @@ def expand(chain: Chain, ops: Iterable[ChainOp]) -> Plan:
         forward of its stage).
     """
     g = chain.graph
-    node_of = {n.id: n for n in g.nodes}
-    static_or_required = {v.id for v in g.values if g.is_static(v.id) or g.is_required(v.id)}
+    step = step_maker(g)
+    node_of = g.node_map()
+    static_or_required = g.static_ids() | set(g.required)
     done: set[str] = set()
     steps: list[Step] = []
     offloaded: dict[int, list[str]] = {}
@@ -318,17 +329,17 @@ def expand(chain: Chain, ops: Iterable[ChainOp]) -> Plan:
                 ):
                     continue
                 done.add(nid)
-                steps.append(Step(op="compute", id=nid))
+                steps.append(step("compute", nid))
         elif op.kind == "backward":
-            steps.extend(Step(op="compute", id=nid) for nid in st.backward_nodes)
+            steps.extend(step("compute", nid) for nid in st.backward_nodes)
         elif op.kind == "rerun":
-            steps.extend(Step(op="compute", id=nid) for nid in op.nodes)
+            steps.extend(step("compute", nid) for nid in op.nodes)
         elif op.kind == "offload":
             vals = [v for v in st.saved_values if not g.is_required(v)]
             offloaded[op.stage] = vals
-            steps.extend(Step(op="offload", id=v) for v in vals)
+            steps.extend(step("offload", v) for v in vals)
         else:
-            steps.extend(Step(op="prefetch", id=v) for v in offloaded.pop(op.stage, []))
+            steps.extend(step("prefetch", v) for v in offloaded.pop(op.stage, []))
     return plan_from_steps(g, steps)
 
 
@@ -347,11 +358,10 @@ def plan_from_steps(graph: Graph, steps: Sequence[Step]) -> Plan:
     InvalidPlanError
         When a compute reads a value that no earlier step made.
     """
-    static = {v.id for v in graph.values if graph.is_static(v.id)}
-    keep_forever = {
-        v.id for v in graph.values if v.kind == "input" or v.id in static or graph.is_required(v.id)
-    }
-    node_of = {n.id: n for n in graph.nodes}
+    static = graph.static_ids()
+    keep_forever = static | set(graph.required) | {v.id for v in graph.values if v.kind == "input"}
+    node_of = graph.node_map()
+    step = step_maker(graph)
     # Index reads and creations of each value.
     reads: dict[str, list[int]] = {}
     makes: dict[str, list[int]] = {}
@@ -437,5 +447,5 @@ def plan_from_steps(graph: Graph, steps: Sequence[Step]) -> Plan:
         for v in frees_after.get(i, ()):
             if v in resident:
                 resident.discard(v)
-                out.append(Step(op="free", id=v))
+                out.append(step("free", v))
     return Plan(steps=tuple(out))

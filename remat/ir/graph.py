@@ -26,8 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Literal, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
@@ -40,6 +40,8 @@ ValueKind = Literal["input", "param", "buffer", "activation", "gradient", "loss"
 Phase = Literal["forward", "backward"]
 
 LEAF_KINDS: frozenset[str] = frozenset({"input", "param"})
+_T = TypeVar("_T")
+
 STATIC_KINDS: frozenset[str] = frozenset({"param", "buffer"})
 
 # Used when a graph carries no device profile: a PCIe 4.0 x16 link as measured in practice.
@@ -212,6 +214,10 @@ class Graph(BaseModel, metaclass=_GraphMeta):
     _producer: dict[str, int] = PrivateAttr(default_factory=dict)
     _consumers: dict[str, list[int]] = PrivateAttr(default_factory=dict)
     _required_set: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _static_set: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _node_map: dict[str, Node] = PrivateAttr(default_factory=dict)
+    _size_map: dict[str, int] = PrivateAttr(default_factory=dict)
+    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
     _content_hash: str | None = PrivateAttr(default=None)
 
     # -- construction -------------------------------------------------------------------------
@@ -234,6 +240,25 @@ class Graph(BaseModel, metaclass=_GraphMeta):
 
     def model_post_init(self, context: Any, /) -> None:
         _validate(self)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields (the step itself); the derived indexes and the :meth:`memo` are left
+        out, so a graph equals its JSON round trip whatever either has computed."""
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable device fields: never hashable
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Graph:
+        """A copy with its own :meth:`memo` (figures derived from the original may not hold for
+        it), validated and indexed again when ``update`` changes fields."""
+        g = super().model_copy(update=update, deep=deep)
+        g._p["_memo"] = {}
+        g._p["_content_hash"] = None
+        if update:
+            _validate(g)
+        return g
 
     # -- serialisation ------------------------------------------------------------------------
 
@@ -312,8 +337,42 @@ class Graph(BaseModel, metaclass=_GraphMeta):
 
     def is_static(self, value_id: str) -> bool:
         """True for values whose bytes are part of ``static_bytes`` (see the module docstring)."""
-        v = self.value(value_id)
-        return v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in self._p["_required_set"])
+        p = self._p
+        if value_id in p["_static_set"]:
+            return True
+        if value_id not in p["_value_index"]:
+            raise KeyError(f"unknown value id {value_id!r}")
+        return False
+
+    def required_set(self) -> frozenset[str]:
+        """:attr:`required` as a set (computed once)."""
+        r: frozenset[str] = self._p["_required_set"]
+        return r
+
+    def static_ids(self) -> frozenset[str]:
+        """The values :meth:`is_static` holds true for, computed once: solvers that test many
+        values read this set instead of calling it per value."""
+        s: frozenset[str] = self._p["_static_set"]
+        return s
+
+    def node_map(self) -> Mapping[str, Node]:
+        """Node id -> node, computed once (a plain dict lookup; not to be modified)."""
+        m: dict[str, Node] = self._p["_node_map"]
+        return m
+
+    def memo(self, key: str, make: Callable[[], _T]) -> _T:
+        """What ``make()`` returns, computed once per graph and ``key`` (the graph is frozen:
+        figures derived from it alone, such as a proven bound on any plan's peak, never
+        change). The caller picks a key no other caller uses."""
+        memo: dict[str, Any] = self._p["_memo"]
+        if key not in memo:
+            memo[key] = make()
+        return cast(_T, memo[key])
+
+    def size_map(self) -> Mapping[str, int]:
+        """Value id -> ``size_bytes``, computed once (not to be modified)."""
+        m: dict[str, int] = self._p["_size_map"]
+        return m
 
     @property
     def forward_nodes(self) -> list[Node]:
@@ -475,6 +534,13 @@ def _validate(g: Graph) -> None:
     g._producer = producer
     g._consumers = consumers
     g._required_set = required_set
+    g._static_set = frozenset(
+        v.id
+        for v in g.values
+        if v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in required_set)
+    )
+    g._node_map = {n.id: n for n in g.nodes}
+    g._size_map = {v.id: v.size_bytes for v in g.values}
 
 
 def _find_cycle(g: Graph, producer: Mapping[str, int]) -> list[str] | None:

@@ -17,7 +17,7 @@ A plan is a list of steps over one graph:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,6 +54,21 @@ def offload(value_id: str) -> Step:
 
 def prefetch(value_id: str) -> Step:
     return Step(op="prefetch", id=value_id)
+
+
+def step_maker(graph: Graph) -> Callable[[StepOp, str], Step]:
+    """``make(op, id)``: the plan step, one shared (frozen) instance per op and id of
+    ``graph``, so that plans of large graphs are not validated step by step again and again."""
+    cache: dict[tuple[str, str], Step] = graph.memo("chain.steps", dict)
+
+    def make(op: StepOp, sid: str) -> Step:
+        key = (op, sid)
+        s = cache.get(key)
+        if s is None:
+            s = cache[key] = Step(op=op, id=sid)
+        return s
+
+    return make
 
 
 @dataclass(frozen=True)

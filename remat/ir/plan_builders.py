@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from remat.ir.errors import InvalidPlanError
 from remat.ir.graph import STATIC_KINDS, Graph
-from remat.ir.plan import Plan, Step
+from remat.ir.plan import Plan, Step, step_maker
 
 
 def eager_plan(graph: Graph) -> Plan:
@@ -41,9 +41,10 @@ def eager_plan(graph: Graph) -> Plan:
             at = max(at, graph.node_position(v.eager_free_after))
         frees_after.setdefault(at, []).append(v.id)
     steps: list[Step] = []
+    step = step_maker(graph)
     for i, n in enumerate(graph.nodes):
-        steps.append(Step(op="compute", id=n.id))
-        steps.extend(Step(op="free", id=f) for f in frees_after.get(i, ()))
+        steps.append(step("compute", n.id))
+        steps.extend(step("free", f) for f in frees_after.get(i, ()))
     return Plan(steps=tuple(steps))
 
 
@@ -73,30 +74,12 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
     """
     nodes = graph.nodes
     keep_set = set(keep)
-    # Plain sets: the graph's lookups go through pydantic's private attributes, which cost
-    # microseconds per call, and this loop makes thousands.
-    required = frozenset(graph.required)
-    freeable = frozenset(
-        v.id
-        for v in graph.values
-        if v.kind != "input"
-        and v.kind not in STATIC_KINDS
-        and v.id not in required  # a required gradient is static, any other required is kept
+    freeable, fwd_last, bwd_readers, fixed = graph.memo(
+        "plan_builders.keep_plan", lambda: _keep_plan_facts(graph)
     )
-    for n in nodes:
-        if not n.recomputable:
-            keep_set.update(n.outputs)
-
-    fwd_last: dict[str, int] = {}  # last forward reader
-    bwd_readers: dict[str, list[int]] = {}  # backward readers, ascending
-    for i, n in enumerate(nodes):
-        for x in n.inputs:
-            if n.phase == "forward":
-                fwd_last[x] = i
-            else:
-                lst = bwd_readers.setdefault(x, [])
-                if not lst or lst[-1] != i:
-                    lst.append(i)
+    keep_set.update(fixed)
+    required = graph.required_set()
+    step = step_maker(graph)
 
     def last_bwd(v: str) -> int:
         lst = bwd_readers.get(v)
@@ -106,12 +89,13 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
     # forward value that may have to be recomputed from it is still read by the backward pass.
     # ext[x]: the last backward position at which a recomputation may read x (conservative).
     ext: dict[str, int] = {}
-    for n in reversed(nodes):
+    for n in reversed(nodes) if fixed & freeable else ():  # nothing to hold: skip the pass
         if n.phase != "forward":
             continue
         for o in n.outputs:
             reach = -1
-            for c in graph.consumers_of(o):
+            for k in graph.consumer_positions(o):
+                c = nodes[k]
                 if c.phase != "forward" or not c.recomputable:
                     continue
                 for oo in c.outputs:
@@ -133,7 +117,7 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
 
     def free(v: str) -> None:
         resident.discard(v)
-        steps.append(Step(op="free", id=v))
+        steps.append(step("free", v))
 
     def needed_later(v: str, pos: int) -> bool:
         """Read directly by a node after position ``pos`` (in the unmodified order), or held
@@ -144,7 +128,7 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
 
     for i, n in enumerate(nodes):
         if n.phase == "forward":
-            steps.append(Step(op="compute", id=n.id))
+            steps.append(step("compute", n.id))
             resident.update(o for o in n.outputs if o in freeable)
             for v in (*n.inputs, *n.outputs):
                 if v not in resident:
@@ -160,7 +144,7 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         missing = [x for x in n.inputs if (x not in resident and x in freeable)]
         if missing:
             _recompute(graph, missing, resident, steps, i, needed_later, freeable)
-        steps.append(Step(op="compute", id=n.id))
+        steps.append(step("compute", n.id))
         resident.update(o for o in n.outputs if o in freeable)
         for v in (*n.inputs, *n.outputs):
             if v in resident and not needed_later(v, i):
@@ -169,6 +153,34 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
             if not needed_later(v, i):
                 free(v)  # held for recomputations that are now all done
     return Plan(steps=tuple(steps))
+
+
+def _keep_plan_facts(
+    graph: Graph,
+) -> tuple[frozenset[str], dict[str, int], dict[str, list[int]], frozenset[str]]:
+    """What :func:`keep_plan` reads whatever the keep set (computed once per graph): the
+    freeable values, each value's last forward reader, its backward readers (ascending) and
+    the outputs of non-recomputable nodes (always kept)."""
+    required = graph.required_set()
+    freeable = frozenset(
+        v.id
+        for v in graph.values
+        if v.kind != "input"
+        and v.kind not in STATIC_KINDS
+        and v.id not in required  # a required gradient is static, any other required is kept
+    )
+    fixed = frozenset(o for n in graph.nodes if not n.recomputable for o in n.outputs)
+    fwd_last: dict[str, int] = {}  # last forward reader
+    bwd_readers: dict[str, list[int]] = {}  # backward readers, ascending
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if n.phase == "forward":
+                fwd_last[x] = i
+            else:
+                lst = bwd_readers.setdefault(x, [])
+                if not lst or lst[-1] != i:
+                    lst.append(i)
+    return freeable, fwd_last, bwd_readers, fixed
 
 
 def _recompute(
@@ -197,6 +209,7 @@ def _recompute(
             continue
         todo.add(p)
         stack.extend(x for x in node.inputs if (x not in resident and x in freeable))
+    step = step_maker(graph)
     order = sorted(todo)
     # Remaining reads of each value inside this batch.
     batch_reads: dict[str, int] = {}
@@ -205,7 +218,7 @@ def _recompute(
             batch_reads[x] = batch_reads.get(x, 0) + 1
     for p in order:
         node = graph.nodes[p]
-        steps.append(Step(op="compute", id=node.id))
+        steps.append(step("compute", node.id))
         for o in node.outputs:
             if o in freeable:
                 resident.add(o)
@@ -220,4 +233,4 @@ def _recompute(
             if needed_later(v, pos - 1):
                 continue
             resident.discard(v)
-            steps.append(Step(op="free", id=v))
+            steps.append(step("free", v))

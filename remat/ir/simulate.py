@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from remat.ir.errors import InvalidPlanError
-from remat.ir.graph import STATIC_KINDS, Graph
+from remat.ir.graph import Graph
 from remat.ir.plan import Plan
 
 _ON_DEVICE = 1
@@ -106,15 +106,12 @@ def simulate(
     if not bw > 0:
         raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
 
-    size = {v.id: v.size_bytes for v in graph.values}
-    node_of = {n.id: n for n in graph.nodes}  # plain dicts: graph lookups cost microseconds
-    required = frozenset(graph.required)
-    static = {
-        v.id
-        for v in graph.values
-        if v.kind in STATIC_KINDS or (v.kind == "gradient" and v.id in required)
-    }  # as Graph.is_static, without a lookup per value
-    inputs = {v.id for v in graph.values if v.kind == "input"}
+    size = graph.size_map()
+    node_of = graph.node_map()  # plain dicts: graph lookups cost microseconds
+    static = graph.static_ids()  # as Graph.is_static, without a lookup per value
+    inputs = graph.memo(
+        "simulate.inputs", lambda: frozenset(v.id for v in graph.values if v.kind == "input")
+    )
 
     state: dict[str, int] = dict.fromkeys(inputs, _ON_DEVICE)
     ready: dict[str, float] = dict.fromkeys(inputs, 0.0)
@@ -299,10 +296,10 @@ def simulate(
 
 
 def _check_value(
-    size: dict[str, int],
+    size: Mapping[str, int],
     sid: str,
-    static: set[str],
-    inputs: set[str],
+    static: frozenset[str],
+    inputs: frozenset[str],
     fail: Callable[[int, str], InvalidPlanError],
     i: int,
 ) -> None:

@@ -64,18 +64,21 @@ def min_budget_lower_bytes(graph: Graph) -> int:
     all step long; the required values are all on the device at the end. So the peak is at least
     the static bytes plus the inputs plus the largest of: any single node's working set (its
     other dynamic inputs, its dynamic outputs and its workspace), and the required dynamic values
-    together.
+    together. Computed once per graph.
     """
-    size = {v.id: v.size_bytes for v in graph.values}
-    inputs = {v.id for v in graph.values if v.kind == "input"}
-    resident = {v for v in inputs if not graph.is_static(v)}
+    return graph.memo("known.min_budget_lower_bytes", lambda: _min_budget_lower_bytes(graph))
 
-    def dynamic(vid: str) -> bool:
-        return vid not in resident and not graph.is_static(vid)
+
+def _min_budget_lower_bytes(graph: Graph) -> int:
+    size = graph.size_map()
+    static = graph.static_ids()
+    inputs = {v.id for v in graph.values if v.kind == "input"}
+    resident = inputs - static
+    skip = resident | static
 
     working = 0
     for n in graph.nodes:
-        touched = {x for x in (*n.inputs, *n.outputs) if dynamic(x)}
+        touched = {x for x in (*n.inputs, *n.outputs) if x not in skip}
         working = max(working, sum(size[x] for x in touched) + n.workspace_bytes)
-    required = sum(size[r] for r in graph.required if dynamic(r))
+    required = sum(size[r] for r in graph.required if r not in skip)
     return graph.static_bytes + sum(size[v] for v in resident) + max(working, required)
