@@ -1,7 +1,9 @@
 """Scale benchmark: the models people train, every planner against the same simulator.
 
-Graphs: synthetic transformers of 12, 48, 96 and 192 layers; the GPT example at 12 and 48
-layers; Llama configurations of about 7B and 70B parameters and a 2-layer OPT (hidden 128),
+Graphs: synthetic transformers of 12, 48, 96 and 192 layers; the other synthetic families
+(a homogeneous chain of 1,000 stages, a heterogeneous one of 500, U-Nets of depth 6 and 8,
+random layered DAGs of 300 and 1,000 forward ops: 228 to 4,002 nodes); the GPT example at 12
+and 48 layers; Llama configurations of about 7B and 70B parameters and a 2-layer OPT (hidden 128),
 built from ``transformers`` configs with random initialisation on the meta device (nothing is
 downloaded) and traced on fake tensors. Budgets: static bytes plus 70/50/30 % of the eager
 activation peak. Solvers: ``auto``, ``hierarchical``, ``rotor``, ``checkpoint-all`` and
@@ -19,7 +21,7 @@ keyed by name, the torch and transformers versions and the tracer's source, so a
 solves without tracing again (``--no-cache`` traces anyway; ``--fractions=`` only traces).
 
 For each solver: nodes, status, overhead over eager, the bound ``auto`` proved (as overhead),
-the gap to it, and solve seconds against the limit.
+the gap to it, solve seconds against the limit and the machine's 1-minute load average then.
 
 Usage::
 
@@ -163,6 +165,12 @@ GRAPHS: dict[str, Callable[[], Graph]] = {
     "synth48": lambda: synthetic.transformer(48),
     "synth96": lambda: synthetic.transformer(96),
     "synth192": lambda: synthetic.transformer(192),
+    "chain1000": lambda: synthetic.chain(1000),
+    "hetchain500": lambda: synthetic.chain(500, heterogeneous=True),
+    "unet6": lambda: synthetic.unet(6),
+    "unet8": lambda: synthetic.unet(8, image_size=512, batch_size=2),
+    "dag300": lambda: synthetic.random_layered_dag(300),
+    "dag1000": lambda: synthetic.random_layered_dag(1000),
     "gpt12": lambda: _gpt(12),
     "gpt48": lambda: _gpt(48),
     "llama7b": lambda: _trace_hf("llama7b"),
@@ -249,7 +257,18 @@ def main() -> None:
     names = [s for s in args.solvers.split(",") if s]
     fracs = [float(f) for f in args.fractions.split(",") if f]
     sep = " | " if args.markdown else "  "
-    header = ["graph", "nodes", "budget", "solver", "status", "overhead", "bound", "gap", "solve_s"]
+    header = [
+        "graph",
+        "nodes",
+        "budget",
+        "solver",
+        "status",
+        "overhead",
+        "bound",
+        "gap",
+        "solve_s",
+        "load",
+    ]
     print(("| " if args.markdown else "") + sep.join(header) + (" |" if args.markdown else ""))
     if args.markdown:
         print("|" + "---|" * len(header))
@@ -296,6 +315,7 @@ def main() -> None:
                     pct(bnd),
                     pct(gap),
                     f"{secs:.1f}",
+                    f"{os.getloadavg()[0]:.1f}",  # the 1-minute load the solve ran under
                 ]
                 print(
                     ("| " if args.markdown else "")
