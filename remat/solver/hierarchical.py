@@ -11,10 +11,12 @@ blocks then chooses, per sub-chain and memory, to checkpoint a block boundary, k
 block, or take one of its partial saves
 (:func:`remat.solver.chain_dp.rotor_table` with ``options``). The chain schedule is expanded
 to one op-level plan and judged by the simulator; as for rotor, the memory planned for is
-lowered until the expanded plan fits. Rotor's plans lie in this DP's class, so on the chain
-model it is never worse than rotor; rotor's own plan and the plan that keeps every block
-boundary with the best partial saves that fit (:func:`remat.solver.blocks.boundary_keep_plan`)
-are candidates too, so the simulator's verdict on the cautious chain model costs nothing.
+lowered until the expanded plan fits, and raised above the budget while it still fits where the
+cautious model left much of the budget unused (:func:`remat.solver.rotor.raise_chain_plan`).
+Rotor's plans lie in this DP's class, so on the chain model it is never worse than rotor;
+rotor's own plan and the plan that keeps every block boundary with the best partial saves that
+fit (:func:`remat.solver.blocks.boundary_keep_plan`) are candidates too, so the simulator's
+verdict on the cautious chain model costs nothing.
 
 The time limit holds as for rotor: the block MILPs get a share of it and stop early (blocks
 left without options keep rotor's two), the DP checks the deadline and falls back to a
@@ -37,17 +39,25 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from remat.ir import Graph, InvalidPlanError, Plan
-from remat.ir.chain import Chain, CutKind, chain_view, expand
+from remat.ir.chain import Chain, CutKind, chain_view
 from remat.ir.result import Progress, SolveResult, best_result
 from remat.solver.base import register
 from remat.solver.blocks import boundary_keep_plan, stage_options
 from remat.solver.chain_dp import StageOption, fit_chain_plan, trivial_result
 from remat.solver.deadline import Deadline, judging_s
 from remat.solver.problem import Problem
-from remat.solver.rotor import RotorOptions, dp_chain, memory_slots, rotor_within, table_within
+from remat.solver.rotor import (
+    RotorOptions,
+    dp_chain,
+    memory_slots,
+    planner,
+    raise_chain_plan,
+    rotor_within,
+    table_within,
+)
 
 
 @register(
@@ -177,10 +187,14 @@ def _on_chain(
     when the time ran out or the chain has no schedule within the budget."""
     graph = problem.graph
     blocks_deadline = deadline.share(0.5)
+    solved: dict[tuple[str, ...], tuple[tuple[StageOption, ...], ...]] = {}
 
     def options_of(c: Chain) -> tuple[tuple[StageOption, ...], ...]:
+        key = tuple(st.forward_nodes[0] for st in c.stages if st.forward_nodes)
+        if key in solved:  # the DP filled again for more memory: same blocks, same MILPs
+            return solved[key]
         so = stage_options(graph, c.stages, deadline=blocks_deadline)
-        return tuple(
+        solved[key] = tuple(
             tuple(
                 StageOption(
                     keep_slots=max(0, round((st.all_bytes - o.drop_bytes) / slot)),
@@ -191,22 +205,27 @@ def _on_chain(
             )
             for st, opts in zip(c.stages, so.options, strict=True)
         )
+        return solved[key]
 
     got = table_within(ch, slot, top, deadline, options_of=options_of)
     if got is None:
         return None
     ch, table = got
-    root = table.cost[0, ch.num_stages]
-    if not math.isfinite(root[top]):
+    if not math.isfinite(table.cost[0, ch.num_stages][top]):
         return None
 
-    def plan_for(m: int) -> Plan | None:
-        if m < 0 or not math.isfinite(root[m]):
-            return None
-        return expand(ch, table.schedule(m))
+    def refill(upper: int) -> Callable[[int], Plan | None] | None:
+        more = table_within(
+            ch, slot, upper, deadline.share(0.5, reserve_s=keep_s), options_of=options_of
+        )
+        return None if more is None else planner(*more)
 
+    keep_s = judging_s(graph.num_nodes)
     try:
-        return fit_chain_plan(problem, plan_for, top, solver=NAME, started=t0, deadline=deadline)
+        r = fit_chain_plan(
+            problem, planner(ch, table), top, solver=NAME, started=t0, deadline=deadline
+        )
+        return raise_chain_plan(problem, r, top, slot, refill, deadline, solver=NAME, started=t0)
     except InvalidPlanError:  # pragma: no cover - expand builds valid plans
         return None
 

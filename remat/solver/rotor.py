@@ -5,7 +5,9 @@ program (:func:`remat.solver.chain_dp.rotor_table`) and expands its chain schedu
 op-level plan (:func:`remat.ir.chain.expand`); the simulator judges that plan. The chain model
 is an estimate of the op-level memory (stages are summarised by a few byte counts), so the
 expanded plan is checked and, when it overshoots the budget, the memory planned for is lowered
-until it fits (:func:`remat.solver.chain_dp.fit_chain_plan`).
+until it fits (:func:`remat.solver.chain_dp.fit_chain_plan`); when the plan leaves much of the
+budget unused, the DP is filled again for more memory and the largest memory whose plan still
+fits is kept (:func:`raise_chain_plan`).
 
 The time limit holds: a chain whose DP would fill more than
 :data:`~remat.solver.chain_dp.WORK_LIMIT` cells (counted before filling,
@@ -34,7 +36,7 @@ from pydantic import Field
 from remat.ir import Graph, InvalidPlanError, Plan
 from remat.ir.chain import Chain, CutKind, chain_of_cuts, chain_view, expand
 from remat.ir.cuts import Cut
-from remat.ir.result import SolveResult, best_result
+from remat.ir.result import SolveResult, best_result, speed_key
 from remat.solver.base import SolverOptions, register
 from remat.solver.chain_dp import (
     WORK_LIMIT,
@@ -53,6 +55,14 @@ from remat.solver.problem import Problem
 MAX_MEM_SLOTS = 4000
 """The DP holds (stages + 1)^2 * (mem_slots + 1) costs and choices (12 bytes each)."""
 MAX_STAGES = 1000
+
+SLACK_SHARE = 0.02
+"""A fitting chain plan whose simulated peak leaves more than this share of the room unused is
+searched upward (:func:`raise_chain_plan`): the chain model is cautious, so the DP is filled
+again for more memory than the budget and the largest memory whose plan still fits is kept."""
+
+RAISE_PROBES = 5
+"""Plans :func:`raise_chain_plan` expands and simulates at most (a bisection)."""
 
 
 class RotorOptions(SolverOptions):
@@ -253,12 +263,7 @@ def _rotor_on(
         return None
     ch, table = got
     root = table.cost[0, ch.num_stages]
-
-    def plan_for(m: int) -> Plan | None:
-        if m < 0 or not math.isfinite(root[m]):
-            return None
-        return expand(ch, table.schedule(m))
-
+    plan_for = planner(ch, table)
     if top < 0 or not math.isfinite(root[max(top, 0)]):
         low = min_chain_slots(root)
         if low is None:
@@ -275,7 +280,7 @@ def _rotor_on(
             return r
         return r.model_copy(update={"message": "budget below the chain's smallest schedule"})
     try:
-        return fit_chain_plan(problem, plan_for, top, solver=solver, started=t0, deadline=deadline)
+        r = fit_chain_plan(problem, plan_for, top, solver=solver, started=t0, deadline=deadline)
     except InvalidPlanError as exc:  # pragma: no cover - expand builds valid plans
         return problem.no_plan(
             solver=solver,
@@ -283,3 +288,74 @@ def _rotor_on(
             min_budget_bytes=None,
             message=f"chain expansion failed: {exc}",
         )
+
+    def refill(upper: int) -> Callable[[int], Plan | None] | None:
+        more = table_within(ch, slot, upper, deadline.share(0.5, reserve_s=judging_s(n_nodes)))
+        return None if more is None else planner(*more)
+
+    n_nodes = problem.graph.num_nodes
+    return raise_chain_plan(problem, r, top, slot, refill, deadline, solver=solver, started=t0)
+
+
+def planner(ch: Chain, table: RotorTable) -> Callable[[int], Plan | None]:
+    """``plan_for(m)``: the expanded schedule of ``table`` at ``m`` slots (None where the chain
+    has none)."""
+    root = table.cost[0, ch.num_stages]
+
+    def plan_for(m: int) -> Plan | None:
+        if m < 0 or m >= len(root) or not math.isfinite(root[m]):
+            return None
+        return expand(ch, table.schedule(m))
+
+    return plan_for
+
+
+def raise_chain_plan(
+    problem: Problem,
+    fitted: SolveResult,
+    top: int,
+    slot_bytes: float,
+    refill: Callable[[int], Callable[[int], Plan | None] | None],
+    deadline: Deadline,
+    *,
+    solver: str,
+    started: float,
+) -> SolveResult:
+    """``fitted`` (the plan for ``top`` slots or fewer), or a faster one planned for more: when
+    its simulated peak leaves more than :data:`SLACK_SHARE` of the room unused, the chain
+    model was cautious there, so ``refill(upper)`` fills the DP again up to ``upper`` slots (twice
+    the unused bytes above ``top``) and a bisection over ``top..upper`` keeps the largest memory
+    whose expanded plan the simulator finds within the budget, in :data:`RAISE_PROBES` plans at
+    most. The fastest of all that fit is returned."""
+    if not fitted.fits or fitted.figures is None or top < 0:
+        return fitted
+    slack = problem.budget_bytes - fitted.figures.peak_bytes
+    if slack <= SLACK_SHARE * max(problem.room_bytes, 1):
+        return fitted
+    if deadline.left_s() < judging_s(problem.graph.num_nodes, plans=3):
+        return fitted  # no time for a refill and a few plans
+    upper = top + max(1, math.ceil(2 * slack / slot_bytes))
+    plan_for = refill(upper)
+    if plan_for is None:
+        return fitted
+    best = fitted
+    lo, hi = top, upper
+    for _ in range(RAISE_PROBES):
+        if lo >= hi or deadline.expired():
+            break
+        mid = (lo + hi + 1) // 2
+        try:
+            plan = plan_for(mid)
+        except InvalidPlanError:  # the chain does not describe the graph (as fit_chain_plan)
+            break
+        if plan is None:
+            hi = mid - 1
+            continue
+        r = problem.result(plan, solver=solver, started=started)
+        if r.fits:
+            lo = mid
+            if speed_key(r) < speed_key(best):
+                best = r
+        else:
+            hi = mid - 1
+    return best.model_copy(update={"solve_time_s": time.perf_counter() - started})
