@@ -227,7 +227,9 @@ def solve_torch(
         if deadline.expired():
             status = "timeout" if best is None else status
             break
-        _, saved, _ = fn(memory, times, cap)
+        # no values to choose among (every saved value is at a module boundary): torch's ilp
+        # rejects an empty problem, and every solver would save nothing more
+        saved = fn(memory, times, cap)[1] if ids else []
         try:
             plan = keep_plan(graph, [*cut, *(ids[i] for i in saved)])
         except InvalidPlanError:
