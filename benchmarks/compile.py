@@ -12,13 +12,16 @@ backward) per system:
   ``aot_eager`` joint graph, without compiling) as the one whose simulated peak is the largest
   that fits the same bytes, else the one with the lowest peak.
 
-Columns: measured peak (the storage tracker, exact on the CPU), the simulator's peak and
-overhead on the partition each system made (one judge for all), the measured step-time ratio
-over the uncompiled step (median of ``--repeats``; two shared cores are noisy), compile seconds,
-the largest gradient difference from the uncompiled step (same seed: dropout included), and
-whether the measured peak is within the budget. The last lines check the issue's goal: at
-each budget, remat's predicted overhead is at most that of torch's best knapsack among those
-whose measured peak is the same or larger, and remat's measured peak never exceeds its budget.
+Columns: measured peak (the storage tracker, exact on the CPU), the predicted peak (with
+inductor, its generated code replayed: ``remat.executor.compile.inductor_memory``; otherwise the
+simulator's), the simulator's peak on the FX graphs (``fx sim``, what remat plans by), the
+simulator's overhead on the partition each system made (one judge for all), the measured
+step-time ratio over the uncompiled step (median of ``--repeats``; two shared cores are noisy),
+compile seconds, the largest gradient difference from the uncompiled step (same seed: dropout
+included), and whether the measured peak is within the budget. The last lines check the issue's
+goal: at each budget, remat's predicted overhead is at most that of torch's best knapsack among
+those whose measured peak is the same or larger, and remat's measured peak never exceeds its
+budget.
 
 Run: ``.venv/bin/python benchmarks/compile.py [--models gpt,gpt2,llama] [--budgets 70,50,30]
 [--compiler aot_eager|inductor] [--repeats 3] [--time-limit 60]``. No threshold is asserted.
@@ -169,8 +172,8 @@ def run_system(
     budget_bytes: int,
     args: argparse.Namespace,
     fraction: float = 1.0,
-) -> tuple[CompiledRun, float, float, int]:
-    """(run, predicted peak, predicted overhead, budget the system was given)."""
+) -> tuple[CompiledRun, float, float, float]:
+    """(run, predicted peak, predicted overhead, the simulator's peak on the FX graphs)."""
     model, inputs, loss_fn = built
     if name == "remat":
         be = backend(budget_bytes, compiler=args.compiler, time_limit_s=args.time_limit)
@@ -178,7 +181,8 @@ def run_system(
         plans = list(be.plans.values())
         base = sum(p.baseline_time_s for p in plans)
         pred_t = sum(p.predicted_time_s for p in plans)
-        return run, be.predicted_peak_bytes, pred_t / base - 1, budget_bytes
+        sim = max(p.simulated_peak_bytes for p in plans)
+        return run, be.predicted_peak_bytes, pred_t / base - 1, sim
     recorder = PartitionRecorder()
     if name == "remat-knapsack":
         solver: Any = RematKnapsack(budget_bytes, time_limit_s=args.time_limit)
@@ -199,7 +203,8 @@ def run_system(
     base = sum(j.baseline_time_s for j in recorder.judged)
     pred_t = sum(j.predicted_time_s for j in recorder.judged)
     peak = max(j.predicted_peak_bytes for j in recorder.judged)
-    return run, peak, pred_t / base - 1, budget_bytes
+    sim = max(j.simulated_peak_bytes for j in recorder.judged)
+    return run, peak, pred_t / base - 1, sim
 
 
 def main() -> int:
@@ -215,7 +220,8 @@ def main() -> int:
     systems = args.systems.split(",")
     header = (
         f"{'model':6} {'budget':>6} {'system':15} {'fraction':>8} {'measured':>11} "
-        f"{'predicted':>11} {'pred ovh':>8} {'time x':>6} {'compile s':>9} {'grad diff':>9} fits"
+        f"{'predicted':>11} {'fx sim':>11} {'pred ovh':>8} {'time x':>6} {'compile s':>9} "
+        f"{'grad diff':>9} fits"
     )
     print(
         f"compiler: {args.compiler}; budgets: static + share of the eager dynamic peak", flush=True
@@ -254,7 +260,7 @@ def main() -> int:
                     )
                     fraction = pick[0]
                 try:
-                    run, pred, ovh, _ = run_system(built, ref, s, budget, args, fraction)
+                    run, pred, ovh, sim = run_system(built, ref, s, budget, args, fraction)
                 except Exception as exc:  # e.g. remat: no plan of the class fits
                     msg = str(exc).splitlines()
                     print(
@@ -270,7 +276,8 @@ def main() -> int:
                 print(
                     f"{mname:6} {pct:>5}% {s:15} {frac_s:>8} "
                     f"{format_bytes(run.memory.peak_bytes):>11} {format_bytes(pred):>11} "
-                    f"{ovh:>+7.1%} {ratio:>6.2f} {run.compile_time_s:>9.1f} "
+                    f"{format_bytes(sim):>11} {ovh:>+7.1%} {ratio:>6.2f} "
+                    f"{run.compile_time_s:>9.1f} "
                     f"{run.max_grad_diff:>9.2g} {'yes' if fits_b else 'NO'}",
                     flush=True,
                 )

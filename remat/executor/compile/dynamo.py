@@ -33,6 +33,7 @@ remat solver as its seed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from remat.executor.compile.inductor_memory import CompiledMemory, capture_graphs, compiled_memory
 from remat.executor.compile.joint import JointIR, joint_to_ir
 from remat.executor.compile.partition import Partition, PartitionModel
 from remat.executor.compile.search import search_partition
@@ -73,11 +75,16 @@ class GraphPlan:
     static_bytes: int
     eager_peak_bytes: int
     predicted_peak_bytes: int
-    """Simulated peak of the compiled step (forward then the backward order the split made)."""
+    """Peak of the compiled step: with inductor, its generated code replayed
+    (:attr:`compiled`); otherwise :attr:`simulated_peak_bytes`."""
+    simulated_peak_bytes: int
+    """The simulator's peak on the FX graphs (forward, then the backward order the split
+    made), which the plan was chosen by: an upper bound of inductor's, which fuses."""
     baseline_time_s: float
     predicted_time_s: float
     saved_bytes: int
-    """Bytes of the activations saved for the backward (held across later graphs)."""
+    """Bytes of the activations saved for the backward (held across later graphs); with
+    inductor, the storages its forward hands to the backward."""
     num_saved: int
     num_recomputed: int
     rng_replayed: tuple[str, ...]
@@ -87,6 +94,9 @@ class GraphPlan:
     partition: Partition
     ir: JointIR
     split: Split
+    compiled: CompiledMemory | None = None
+    """With inductor: the figures of its generated code
+    (:func:`~remat.executor.compile.inductor_memory.compiled_memory`)."""
 
     @property
     def predicted_overhead(self) -> float:
@@ -169,6 +179,7 @@ class RematBackend:
         self.exact_random = exact_random
         self.plans: dict[str, GraphPlan] = {}
         self._count = 0
+        self._last_key: str | None = None
 
     # -- the dynamo backend -----------------------------------------------------------------
 
@@ -184,13 +195,18 @@ class RematBackend:
             }
             if self.exact_random:
                 patch["fallback_random"] = True
+            self._last_key = None
             with (
+                capture_graphs() as graphs,
                 inductor_config.patch(patch),
                 torch._functorch.config.patch(
                     force_non_lazy_backward_lowering=True, enable_autograd_cache=False
                 ),
             ):
-                return compile_fx(gm, example_inputs)
+                compiled = compile_fx(gm, example_inputs)
+            if self._last_key is not None:
+                self._attach_compiled(self._last_key, graphs)
+            return compiled
         from torch._dynamo.backends.common import aot_autograd
         from torch._dynamo.backends.debugging import boxed_nop
 
@@ -222,6 +238,7 @@ class RematBackend:
         joint.graph.eliminate_dead_code()
         joint.recompile()
         key = _graph_key()
+        self._last_key = key
         index = self.plans[key].index if key in self.plans else self._count
         if key not in self.plans:
             self._count += 1
@@ -276,6 +293,7 @@ class RematBackend:
             static_bytes=graph.static_bytes,
             eager_peak_bytes=eager.peak_bytes,
             predicted_peak_bytes=predicted,
+            simulated_peak_bytes=predicted,
             baseline_time_s=eager.total_time_s,
             predicted_time_s=sim.total_time_s,
             saved_bytes=saved_bytes,
@@ -304,6 +322,29 @@ class RematBackend:
                 min_budget_bytes=lowest.peak_bytes,
             )
         return split.forward, split.backward
+
+    def _attach_compiled(self, key: str, graphs: Sequence[Any]) -> None:
+        """The graph's figures from inductor's generated code (its forward and backward)."""
+        plan = self.plans[key]
+        mem = compiled_memory(plan.ir, graphs, num_fwd_outputs=len(plan.ir.fw_outputs))
+        if mem is None:
+            return
+        self.plans[key] = dataclasses.replace(
+            plan,
+            predicted_peak_bytes=mem.peak_bytes,
+            saved_bytes=mem.saved_bytes,
+            fits=mem.peak_bytes <= plan.budget_bytes,
+            compiled=mem,
+        )
+        if mem.peak_bytes > plan.budget_bytes:
+            warnings.warn(
+                f"remat: graph {plan.index}'s compiled code needs "
+                f"{format_bytes(mem.peak_bytes)}, over its budget of "
+                f"{format_bytes(plan.budget_bytes)} (the plan fit on the FX graphs: "
+                f"{format_bytes(plan.simulated_peak_bytes)})",
+                RematCompileWarning,
+                stacklevel=3,
+            )
 
     def _graph_budget(self, key: str, static_bytes: int, eager_dynamic_bytes: int) -> int:
         if isinstance(self.budget, float):

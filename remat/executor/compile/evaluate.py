@@ -11,15 +11,17 @@ so that torch's partitions and remat's are compared by one judge. Use it as AOT 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from remat.executor.compile.joint import joint_to_ir
+from remat.executor.compile.inductor_memory import capture_graphs, compiled_memory
+from remat.executor.compile.joint import JointIR, joint_to_ir
 from remat.executor.compile.partition import PartitionModel
 from remat.executor.compile.split import RNG_STATE_BYTES
 from remat.ir import simulate
@@ -34,11 +36,16 @@ class JudgedPartition:
     static_bytes: int
     eager_peak_bytes: int
     predicted_peak_bytes: int
+    """With inductor, its generated code replayed; otherwise :attr:`simulated_peak_bytes`."""
+    simulated_peak_bytes: int
+    """The simulator on the FX graphs the partitioner made."""
     baseline_time_s: float
     predicted_time_s: float
     num_saved: int
     saved_bytes: int
     num_recomputed: int
+    num_fwd_outputs: int = 0
+    ir: JointIR | None = field(default=None, repr=False, compare=False)
 
     @property
     def predicted_overhead(self) -> float:
@@ -76,16 +83,20 @@ def judge(
     sim = simulate(jir.graph, model.plan_for_orders(fw_order, bw_order, saved))
     eager = simulate(jir.graph, eager_plan(jir.graph))
     fw = set(model.forward)
+    simulated = sim.peak_bytes + RNG_STATE_BYTES * rng_states
     return JudgedPartition(
         num_nodes=jir.graph.num_nodes,
         static_bytes=jir.graph.static_bytes,
         eager_peak_bytes=eager.peak_bytes,
-        predicted_peak_bytes=sim.peak_bytes + RNG_STATE_BYTES * rng_states,
+        predicted_peak_bytes=simulated,
+        simulated_peak_bytes=simulated,
         baseline_time_s=eager.total_time_s,
         predicted_time_s=sim.total_time_s,
         num_saved=len(saved),
         saved_bytes=sum(model.size[v] for v in saved),
         num_recomputed=sum(1 for n in bw_order if n in fw),
+        num_fwd_outputs=num_fwd_outputs,
+        ir=jir,
     )
 
 
@@ -105,24 +116,66 @@ class PartitionRecorder(CustomPartitionerFn):
         self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
         kwargs.setdefault("compiler", "inductor")
+        calls = _knapsack_calls()
         fw, bw = self.partition_fn(gm, joint_inputs, **kwargs)
-        self.judged.append(
-            judge(
-                gm,
-                fw,
-                bw,
-                num_fwd_outputs=kwargs["num_fwd_outputs"],
-                static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices") or (),
-                cost=self.cost,
-            )
+        judged = judge(
+            gm,
+            fw,
+            bw,
+            num_fwd_outputs=kwargs["num_fwd_outputs"],
+            static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices") or (),
+            cost=self.cost,
         )
+        self.judged.append(judged)
+        if _knapsack_calls() > calls:
+            _check_knapsack(judged.simulated_peak_bytes)
         return fw, bw
+
+    def attach_compiled(self, graphs: Sequence[Any]) -> None:
+        """The last partition's peak from inductor's code for it (its forward and backward
+        graphs, as :func:`~remat.executor.compile.inductor_memory.capture_graphs` saw them)."""
+        last = self.judged[-1]
+        if last.ir is None:
+            return
+        mem = compiled_memory(last.ir, graphs, num_fwd_outputs=last.num_fwd_outputs)
+        if mem is not None:
+            self.judged[-1] = dataclasses.replace(last, predicted_peak_bytes=mem.peak_bytes)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PartitionRecorder:
         return self
 
     def uuid(self) -> Any | None:
         return None
+
+
+def _knapsack_calls() -> int:
+    from remat.executor.compile.knapsack import RematKnapsack
+
+    solver = torch._functorch.config.activation_memory_budget_solver
+    return solver.calls if isinstance(solver, RematKnapsack) else 0
+
+
+def _check_knapsack(peak_bytes: int) -> None:
+    """Torch's min cut decides the saved set after its knapsack: say when it exceeds the
+    bytes a :class:`~remat.executor.compile.knapsack.RematKnapsack` was given."""
+    from remat.executor.compile.knapsack import RematKnapsack
+
+    solver = torch._functorch.config.activation_memory_budget_solver
+    if not isinstance(solver, RematKnapsack) or solver.last_budget_bytes is None:
+        return
+    if peak_bytes > solver.last_budget_bytes:
+        import warnings
+
+        from remat.executor.compile.dynamo import RematCompileWarning
+        from remat.ir.budget import format_bytes
+
+        warnings.warn(
+            f"RematKnapsack: torch's min cut made a partition of {format_bytes(peak_bytes)}, "
+            f"over the knapsack's {format_bytes(solver.last_budget_bytes)} (torch saved other "
+            "values than the knapsack chose)",
+            RematCompileWarning,
+            stacklevel=3,
+        )
 
 
 def torch_backend(recorder: PartitionRecorder, *, compiler: str = "inductor") -> Any:
@@ -134,7 +187,9 @@ def torch_backend(recorder: PartitionRecorder, *, compiler: str = "inductor") ->
             from torch._inductor import config as inductor_config
             from torch._inductor.compile_fx import compile_fx
 
+            before = len(recorder.judged)
             with (
+                capture_graphs() as graphs,
                 inductor_config.patch(
                     custom_partitioner_fn=recorder, fx_graph_cache=False, fallback_random=True
                 ),
@@ -142,7 +197,10 @@ def torch_backend(recorder: PartitionRecorder, *, compiler: str = "inductor") ->
                     force_non_lazy_backward_lowering=True, enable_autograd_cache=False
                 ),
             ):
-                return compile_fx(gm, example_inputs)
+                compiled = compile_fx(gm, example_inputs)
+            if len(recorder.judged) > before:
+                recorder.attach_compiled(graphs)
+            return compiled
         from torch._dynamo.backends.common import aot_autograd
         from torch._dynamo.backends.debugging import boxed_nop
 

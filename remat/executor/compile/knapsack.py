@@ -12,13 +12,16 @@ only those candidates free to be recomputed
 saved the candidates of the best partition. Torch's ``max_memory`` (a share of the candidates'
 normalised sizes) is ignored when a budget is given; without one, torch's
 ``activation_memory_budget`` is read as a share of the graph's uncompiled dynamic peak. The
-final saved set is torch's min cut, so the step's figures are judged afterwards on the partition
-torch made (:func:`remat.executor.compile.evaluate.record_partitions`).
+final saved set is torch's min cut, which may save other values than the knapsack chose (and
+exceed the bytes): the knapsack warns when no choice of its candidates fits, and
+:class:`remat.executor.compile.evaluate.PartitionRecorder` judges the partition torch made and
+warns when it exceeds the bytes the knapsack was given.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from remat.executor.compile.partition import PartitionModel
 from remat.executor.compile.search import search_partition
 from remat.executor.compile.split import RNG_STATE_BYTES
 from remat.ir import simulate
-from remat.ir.budget import BudgetSpec, parse_budget
+from remat.ir.budget import BudgetSpec, format_bytes, parse_budget
 from remat.ir.plan_builders import eager_plan
 
 
@@ -58,6 +61,8 @@ class RematKnapsack(CustomKnapsackSolver):
         self.cost = cost
         self.time_limit_s = float(time_limit_s)
         self.last_budget_bytes: int | None = None
+        self.calls = 0
+        """How many times torch asked this knapsack (once per joint graph it partitions)."""
         self.last_predicted_peak_bytes: int | None = None
 
     def uuid(self) -> Any | None:
@@ -109,8 +114,19 @@ class RematKnapsack(CustomKnapsackSolver):
         best, _ = search_partition(
             model, budget_bytes, time_limit_s=self.time_limit_s, droppable=droppable
         )
+        self.calls += 1
         self.last_budget_bytes = budget_bytes
         self.last_predicted_peak_bytes = best.peak_bytes
+        if best.peak_bytes > budget_bytes:
+            from remat.executor.compile.dynamo import RematCompileWarning
+
+            warnings.warn(
+                f"RematKnapsack: no choice among torch's {len(droppable)} candidates fits "
+                f"{format_bytes(budget_bytes)}; the lowest needs "
+                f"{format_bytes(best.peak_bytes)} (torch's partition will exceed the budget)",
+                RematCompileWarning,
+                stacklevel=2,
+            )
         saved = [i for i, v in enumerate(value_of) if v is None or v in best.saved]
         recomputed = [i for i, v in enumerate(value_of) if v is not None and v not in best.saved]
         return saved, recomputed
