@@ -315,10 +315,17 @@ class RematBackend:
                 "held by the graphs compiled before it: their parameters, gradients and saved "
                 "activations)"
             )
+            floor = model.floor_bytes()
+            proven = (
+                "so none fits (proven)"
+                if floor > budget_bytes
+                else "so a partition between the two may exist that the search did not find"
+            )
             raise InfeasibleBudgetError(
-                f"remat: graph {index} ({graph.num_nodes} nodes) needs at least "
-                f"{format_bytes(lowest.peak_bytes)} in the partitioner's class, its budget is "
-                f"{format_bytes(budget_bytes)}{held}",
+                f"remat: graph {index} ({graph.num_nodes} nodes): the lowest partition found in "
+                f"the partitioner's class needs {format_bytes(lowest.peak_bytes)}, over its "
+                f"budget of {format_bytes(budget_bytes)}{held}; no partition of the class needs "
+                f"less than {format_bytes(floor)}, {proven}",
                 min_budget_bytes=lowest.peak_bytes,
             )
         return split.forward, split.backward

@@ -264,6 +264,52 @@ class PartitionModel:
             live_at_peak=live_peak,
         )
 
+    def floor_bytes(self) -> int:
+        """A proven lower bound of :meth:`figures`' peak over every saved set of the class.
+
+        * The forward runs in its fixed order whatever is saved; a saved value only lives
+          longer than it would unsaved. So no saved set's peak is below the forward's with
+          nothing saved (every value freed after its last forward read).
+        * Each backward node needs its inputs and outputs on the device at once, while the
+          graph's inputs and the step's outputs (the loss) are held.
+
+        The larger of the two (with the static bytes) bounds the class from below; the true
+        floor can be higher (recomputation in the class keeps a recomputed value until its
+        last backward use).
+        """
+        size, static, node = self.size, self.static, self.node
+        held = set(self.inputs) - static
+        last: dict[str, int] = {}
+        for i, nid in enumerate(self.forward):
+            for x in node[nid].inputs:
+                last[x] = i
+        frees: dict[int, list[str]] = {}
+        for i, nid in enumerate(self.forward):
+            for o in node[nid].outputs:
+                if o not in self.keep:
+                    frees.setdefault(last.get(o, i), []).append(o)
+        on = set(held)
+        cur = sum(size[v] for v in on)
+        forward_peak = cur
+        for i, nid in enumerate(self.forward):
+            n = node[nid]
+            for o in n.outputs:
+                if o not in static and o not in on:
+                    on.add(o)
+                    cur += size[o]
+            forward_peak = max(forward_peak, cur + n.workspace_bytes)
+            for v in frees.get(i, ()):
+                if v in on:
+                    on.discard(v)
+                    cur -= size[v]
+        outputs = (self.required & self.forward_values) - static
+        backward_peak = 0
+        for nid in self.backward:
+            n = node[nid]
+            live = (held | outputs | set(n.inputs) | set(n.outputs)) - static
+            backward_peak = max(backward_peak, sum(size[v] for v in live) + n.workspace_bytes)
+        return self.graph.static_bytes + max(forward_peak, backward_peak)
+
     def partition(self, saved: Iterable[str]) -> Partition:
         """The partition for a saved set, with the simulator's figures."""
         wanted = set(saved) & self.forward_values

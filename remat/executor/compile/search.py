@@ -52,20 +52,11 @@ class _Search:
         model: PartitionModel,
         budget_bytes: int,
         deadline: float,
-        droppable: Iterable[str] | None,
     ) -> None:
         self.model = model
         self.budget = budget_bytes
         self.deadline = deadline
-        every = set(model.read_by_backward)
-        if droppable is None:
-            self.free = set(model.candidates)
-            self.fixed: set[str] = set()
-        else:
-            # The knapsack hook: only torch's candidates may be recomputed, the rest of what
-            # the backward reads stays saved.
-            self.free = set(droppable) & every
-            self.fixed = every - self.free
+        self.free = set(model.candidates)
         self.cache: dict[frozenset[str], Figures] = {}
 
     def late(self) -> bool:
@@ -77,7 +68,7 @@ class _Search:
         return f.peak_bytes <= self.budget
 
     def ev(self, saved: Iterable[str]) -> Figures:
-        key = frozenset((set(saved) & self.free) | self.fixed)
+        key = frozenset(set(saved) & self.free)
         got = self.cache.get(key)
         if got is None:
             got = self.model.figures(key)
@@ -274,12 +265,8 @@ def search_partition(
     *,
     seeds: Sequence[Iterable[str]] = (),
     time_limit_s: float = 30.0,
-    droppable: Iterable[str] | None = None,
 ) -> tuple[Partition, Partition]:
     """Search the class for the fastest partition within ``budget_bytes`` (module docstring).
-
-    ``droppable`` restricts the values that may be recomputed (the others the backward reads
-    stay saved): the knapsack hook's candidates.
 
     Returns
     -------
@@ -287,7 +274,7 @@ def search_partition(
         ``best``: the fastest partition found within the budget, or the lowest-peak one when
         none fits; ``lowest``: the lowest-peak partition seen (for infeasibility reports).
     """
-    s = _Search(model, budget_bytes, time.monotonic() + time_limit_s, droppable)
+    s = _Search(model, budget_bytes, time.monotonic() + time_limit_s)
     every = set(model.read_by_backward)
     full = s.ev(every)
     if s.fits(full):
