@@ -268,6 +268,10 @@ def test_knapsack_in_torchs_partitioner_judged_by_the_simulator(gpt):
     (judged,) = recorder.judged
     assert knapsack.last_budget_bytes is not None
     assert run.memory.peak_bytes <= judged.eager_peak_bytes
+    # The knapsack judged its choice by the min cut torch then ran for it: the partition torch
+    # made is the one the knapsack predicted, and it fits the knapsack's bytes.
+    assert judged.simulated_peak_bytes == knapsack.last_predicted_peak_bytes
+    assert judged.simulated_peak_bytes <= knapsack.last_budget_bytes
     # The simulator on the partition torch made predicts what the step measures.
     assert abs(run.memory.peak_bytes - judged.predicted_peak_bytes) <= 0.05 * run.memory.peak_bytes
 
