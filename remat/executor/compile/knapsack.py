@@ -192,13 +192,16 @@ def _choose(
     lowers the peak, until it fits; from the fitting outcomes, candidates are banned again in
     order of recomputation seconds per byte, then single changes are tried, while the step gets
     faster within the budget. Every outcome judged is kept; the fastest that fits is returned,
-    else the one with the lowest peak. The deadline stops the search where it is.
+    else the one with the lowest peak. The deadline stops the search where it is, after a floor
+    of outcomes (two passes of single changes).
     """
     every = frozenset(range(len(outcome.nodes)))
     model = outcome.model
 
     def late() -> bool:
-        return time.monotonic() > deadline
+        # As the class search's: the deadline binds after a floor of judged outcomes (a pass
+        # of single changes from each end), so that a loaded machine still descends.
+        return len(judged) > 2 * len(order) + 2 and time.monotonic() > deadline
 
     def fits(f: Figures) -> bool:
         return f.peak_bytes <= budget_bytes
