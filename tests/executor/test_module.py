@@ -54,6 +54,19 @@ def _measured(model: Any, inputs: Any, loss_fn: Any) -> Any:
         return measure(model, inputs, loss_fn)
 
 
+def _assert_runs_exactly(model: Any, inputs: Any, loss_fn: Any, graph: Any, plan: Any) -> None:
+    """``plan`` in checkpoint mode on a copy of ``model``: the unmodified model's gradients bit
+    for bit, and the simulator's dynamic peak to the byte."""
+    sim = simulate(graph, plan)
+    ref, run = copy.deepcopy(model), copy.deepcopy(model)
+    remat.apply(run, plan, graph, mode="checkpoint")
+    _measured(ref, inputs, loss_fn)
+    mem = _measured(run, inputs, loss_fn)
+    for (n, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), n
+    assert mem.peak_dynamic_bytes == sim.peak_dynamic_bytes
+
+
 @pytest.mark.parametrize("solver", ["checkpoint-all", "rotor"])
 @pytest.mark.parametrize("frac", [0.7, 0.5])
 @pytest.mark.parametrize("name", list(MODELS))
@@ -128,14 +141,7 @@ def test_inplace_dropout_alone_in_a_region() -> None:
     graph = capture(model, inputs, loss_fn).graph
     regions = [checkpoint_class.region(graph, p) for p in ("drop", "blocks.0")]
     plan = checkpoint_class.checkpoint_plan(graph, regions)
-    sim = simulate(graph, plan)
-    ref, run = copy.deepcopy(model), copy.deepcopy(model)
-    remat.apply(run, plan, graph, mode="checkpoint")
-    _measured(ref, inputs, loss_fn)
-    mem = _measured(run, inputs, loss_fn)
-    for (n, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
-        assert torch.equal(p.grad, q.grad), n
-    assert mem.peak_dynamic_bytes == sim.peak_dynamic_bytes
+    _assert_runs_exactly(model, inputs, loss_fn, graph, plan)
 
 
 def test_model_level_ops_are_approximated_or_refused_by_module_plan() -> None:
@@ -243,14 +249,7 @@ def test_routed_block_recomputation_is_exact() -> None:
     block1 = {n.id for n in graph.forward_nodes if n.module.startswith("blocks.1")}
     again = max(i for i, nid in enumerate(computes) if nid in recomputed & block1)
     assert computes.index(zeros) == again + 1  # its recomputation runs before the zeros
-    sim = simulate(graph, plan)
-    ref, run = copy.deepcopy(model), copy.deepcopy(model)
-    remat.apply(run, plan, graph, mode="checkpoint")
-    _measured(ref, inputs, loss_fn)
-    mem = _measured(run, inputs, loss_fn)
-    for (n, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
-        assert torch.equal(p.grad, q.grad), n
-    assert mem.peak_dynamic_bytes == sim.peak_dynamic_bytes
+    _assert_runs_exactly(model, inputs, loss_fn, graph, plan)
 
 
 def test_dropout_masks_a_plan_saves_are_recomputed_as_eager_does() -> None:
@@ -267,11 +266,4 @@ def test_dropout_masks_a_plan_saves_are_recomputed_as_eager_does() -> None:
     r = checkpoint_class.region(graph, "blocks.1", set(nodes) - {nodes[0]})
     assert r.save & in_place and not checkpoint_class.cached(graph, r) & in_place
     plan = checkpoint_class.checkpoint_plan(graph, [r])
-    sim = simulate(graph, plan)
-    ref, run = copy.deepcopy(model), copy.deepcopy(model)
-    remat.apply(run, plan, graph, mode="checkpoint")
-    _measured(ref, inputs, loss_fn)
-    mem = _measured(run, inputs, loss_fn)
-    for (n, p), q in zip(run.named_parameters(), ref.parameters(), strict=True):
-        assert torch.equal(p.grad, q.grad), n
-    assert mem.peak_dynamic_bytes == sim.peak_dynamic_bytes
+    _assert_runs_exactly(model, inputs, loss_fn, graph, plan)
