@@ -8,9 +8,10 @@ shows once the graph is in hand (a budget fraction, an option the solver rejects
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,31 @@ class SolverBug(Exception):
 
     def __init__(self, solver: str, exc: Exception) -> None:
         super().__init__(f"solver {solver!r} raised {type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def _request_errors() -> Iterator[None]:
+    """Errors of the request itself (an unknown solver, options it refuses): 422 naming the
+    field."""
+    try:
+        yield
+    except RematError as exc:
+        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
+    except ValueError as exc:
+        raise TaskError(["body", "options"], str(exc)) from None
+
+
+@contextlib.contextmanager
+def _solver_errors(solver: str) -> Iterator[None]:
+    """Errors while a solver runs on checked options: its own errors stay 422 on the solver,
+    but a ``ValueError`` is the solver's bug, not the client's: a failed solve (500), never a
+    422 on the options."""
+    try:
+        yield
+    except RematError as exc:
+        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
+    except ValueError as exc:
+        raise SolverBug(solver, exc) from exc
 
 
 _GRAPHS: OrderedDict[str, Graph] = OrderedDict()
@@ -110,7 +136,7 @@ def _solve(
             # becomes the job's progress as it is: the same figures as a terminal's bar.
             progress({"stage": "solving", **p.model_dump(mode="json", exclude_none=True)})
 
-    try:
+    with _request_errors():
         # The problem is built here rather than by solvers.solve: a solver's own ``progress``
         # option (above) and the problem's callback are two different things.
         si = solvers.info(task["solver"])
@@ -118,18 +144,8 @@ def _solve(
         problem = solvers.Problem.build(
             graph, budget_bytes, time_limit_s=task["time_limit_s"], on_progress=on_progress
         )
-    except RematError as exc:
-        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
-    except ValueError as exc:
-        raise TaskError(["body", "options"], str(exc)) from None
-    try:
+    with _solver_errors(task["solver"]):
         return si.fn(problem, **checked)
-    except RematError as exc:
-        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
-    except ValueError as exc:
-        # The options were checked above, so a ValueError from inside the solver is its own
-        # bug, not the client's: reported as a failed solve (500), never a 422 on the options.
-        raise SolverBug(task["solver"], exc) from exc
 
 
 def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: float) -> None:
@@ -180,13 +196,9 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answ
                 }
             )
 
-    try:
+    with _request_errors():
         solvers.info(task["solver"]).check_options(dict(task["options"]))
-    except RematError as exc:
-        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
-    except ValueError as exc:
-        raise TaskError(["body", "options"], str(exc)) from None
-    try:
+    with _solver_errors(task["solver"]):
         fr = solvers.frontier(
             graph,
             budgets,
@@ -195,10 +207,6 @@ def run_frontier(task: dict[str, Any], progress: Progress | None = None) -> Answ
             on_point=on_point,
             **task["options"],
         )
-    except RematError as exc:
-        raise TaskError(["body", "solver"], str(exc), "solver_error") from None
-    except ValueError as exc:  # the options were checked: the solver's own bug (see _solve)
-        raise SolverBug(task["solver"], exc) from exc
     points = [FrontierPoint.of(spec, r) for spec, r in zip(specs, fr.results, strict=True)]
     timed_out = any(p.status == "timeout" for p in points)
     text = FrontierResult(
