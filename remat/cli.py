@@ -1,4 +1,4 @@
-"""The ``remat`` command: trace, solve, check, frontier, report, serve, worker.
+"""The ``remat`` command: trace, solve, check, frontier, solvers, report, serve, worker.
 
 Exit status: 0 success; 1 a check failed (``check``), or no plan fits the budget (``solve``);
 2 bad input (a missing or malformed file, a graph that fails validation, an unknown solver, an
@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from remat.cli_common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
     BadInput,
     budget_arg,
     budget_texts,
@@ -32,6 +35,7 @@ from remat.cli_common import (
     solve_local,
     write_file,
 )
+from remat.cli_solvers import cmd_solvers
 from remat.ir import (
     Graph,
     RematError,
@@ -40,9 +44,6 @@ from remat.ir import (
     format_bytes,
     simulate,
 )
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-
 
 # -- commands -----------------------------------------------------------------------------------
 
@@ -455,6 +456,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quiet_arg(sp)
     sp.set_defaults(fn=cmd_check)
+
+    sp = sub.add_parser("solvers", help="list the solvers, or one solver's options")
+    sp.add_argument("name", nargs="?", metavar="NAME", help="show this solver's options")
+    sp.add_argument("--json", action="store_true", help="print as JSON (as GET /v1/solvers)")
+    sp.add_argument("--plugin", action="append", help="module registering extra solvers")
+    remote_args(sp)
+    sp.set_defaults(fn=cmd_solvers)
 
     sp = sub.add_parser("trace", help="trace a model into a graph (needs torch)")
     sp.add_argument("spec", help="e.g. examples/gpt.py:build or package.module:function")

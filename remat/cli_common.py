@@ -14,6 +14,9 @@ from typing import Any, TextIO
 
 from remat.ir import Graph, RematError, SolveResult, format_bytes, parse_budget
 
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+"""Exit statuses: success; a check failed or no plan fits; bad input."""
+
 
 class BadInput(Exception):
     """A user error the CLI reports in one line with exit status 2."""

@@ -179,6 +179,43 @@ def test_bad_input_exits_2_with_one_line(
         assert "ghost" in err  # the id at fault is named
 
 
+def test_solvers_lists_the_registry_and_one_solvers_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["solvers", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["default"] == solvers.default_solver()
+    assert [e["name"] for e in listed["solvers"]] == solvers.available()
+    h = next(e for e in listed["solvers"] if e["name"] == "hierarchical")
+    assert h["options"] == list(solvers.info("hierarchical").options)
+    assert main(["solvers"]) == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in solvers.available())
+    assert main(["solvers", "milp"]) == 0
+    text = capsys.readouterr().out
+    assert all(opt in text for opt in solvers.info("milp").options)
+    assert "'highs'" in text and '(default "highs")' in text
+    assert main(["solvers", "milp", "--json"]) == 0
+    schema = json.loads(capsys.readouterr().out)["options"]
+    assert set(schema["properties"]) == set(solvers.info("milp").options)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["solvers", "no-such"], "'no-such'"),
+        (["solvers", "--plugin", "no_such_module"], "--plugin"),
+        (["solvers", "milp", "--url", "http://127.0.0.1:9"], "NAME"),
+    ],
+)
+def test_solvers_bad_input_is_named(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+
+
 def test_console_script_entry_point(graph_file: Path) -> None:
     # `python -m remat.cli` is what the `remat` script runs.
     out = subprocess.run(

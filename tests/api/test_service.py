@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -235,6 +236,20 @@ def test_request_errors_name_the_field(server: Server, small_graph: Graph) -> No
     r = h.post("/v1/graphs", json=wrong)
     assert r.status_code == 422 and fields(r)[0] == "body.nodes.0.time_s"
     h.close()
+
+
+def test_cli_lists_the_services_solvers(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    from remat.cli import main
+
+    assert main(["solvers", "--json", "--url", server.url]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert main(["solvers", "--json"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    # the test server also loads the test plugin's solvers; every built-in is listed the same
+    by_name = {e["name"]: e for e in remote["solvers"]}
+    assert remote["default"] == local["default"]
+    assert all(by_name[e["name"]] == e for e in local["solvers"])
+    assert "hierarchical" in by_name
 
 
 def test_cli_solves_on_the_service(server: Server, small_graph: Graph, tmp_path: Path) -> None:
