@@ -6,6 +6,8 @@ on its own (identical blocks share one solve, each frontier trades bytes for tim
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from _graphs import random_step
 from hypothesis import given, settings
@@ -15,8 +17,16 @@ from oracle import oracle
 from remat import solver
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.chain import chain_view
-from remat.ir.synthetic import chain, transformer
-from remat.solver.blocks import boundary_keep_plan, stage_options
+from remat.ir.synthetic import chain, transformer, unet
+from remat.solver.blocks import (
+    CAP_FRACTIONS,
+    BlockOption,
+    _block_of,
+    _by_milp,
+    _enumerated,
+    boundary_keep_plan,
+    stage_options,
+)
 
 FRACS = st.sampled_from([1.0, 0.9, 0.8, 0.7, 0.6, 0.5])
 
@@ -133,3 +143,50 @@ def test_stops_trying_block_sizes_once_good_enough() -> None:
     full = solver.info("hierarchical").run(p)
     assert sum(ph.startswith("blocks of") for ph in phases) >= 3
     assert full.fits and (full.total_time_s or 0) < (quick.total_time_s or 0)
+
+
+def _best_within(options: tuple[BlockOption, ...], cap: float) -> float:
+    return min([o.extra_time_s for o in options if o.keep_bytes <= cap], default=-1.0)
+
+
+def _compare_block_options(g: Graph, every: int = 1) -> int:
+    """Each block's options without a MILP against its MILP, cap by cap; the blocks compared."""
+    static = {v.id for v in g.values if g.is_static(v.id)}
+    compared = 0
+    for stage in chain_view(g, cuts="blocks", every=every).stages:
+        block = _block_of(g, stage, static)
+        saved = [i for i, (_, _, s) in enumerate(block.values) if s]
+        total = sum(block.values[i][1] for i in saved)
+        if not saved or total == 0:
+            continue
+        fast = _enumerated(block, saved, total)
+        if fast is None:  # dependent reruns of a large block: the MILP alone answers
+            continue
+        by_milp = _by_milp(block, saved, total, None)
+        for frac in CAP_FRACTIONS:
+            a = _best_within(tuple(fast.values()), frac * total)
+            b = _best_within(tuple(by_milp.values()), frac * total)
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-15), (stage, frac, a, b)
+        compared += 1
+    return compared
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), ops=st.integers(2, 6))
+def test_enumerated_block_options_are_the_milps(seed: int, ops: int) -> None:
+    # small blocks are enumerated (every set of nodes run again) instead of solved by one
+    # MILP per cap: at each cap the fastest option within it is the MILP's optimum
+    _compare_block_options(random_step(seed, ops))
+
+
+@pytest.mark.parametrize(
+    ("build", "every"),
+    [
+        (lambda: unet(2, image_size=32, batch_size=1), 1),
+        (lambda: chain(6, heterogeneous=True, seed=3), 1),
+        # eight stages a block: 16 nodes may run again, none needing another: the Pareto DP
+        (lambda: chain(24, heterogeneous=True, seed=5), 8),
+    ],
+)
+def test_block_options_without_milp_match_it(build: Callable[[], Graph], every: int) -> None:
+    assert _compare_block_options(build(), every) >= 1
