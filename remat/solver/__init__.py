@@ -18,6 +18,7 @@ from remat.ir.result import PlanFigures, Progress, SolveResult
 from remat.solver import (  # noqa: F401  (importing a solver module registers it)
     auto,
     baselines,
+    dtr,
     hierarchical,
     lp_round,
     milp,

@@ -17,6 +17,7 @@ BUILT_IN = (
     "auto",
     "checkpoint-all",
     "chen-greedy",
+    "dtr",
     "lp-round",
     "milp",
     "none",
@@ -57,6 +58,9 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("milp", {"window": True}),
     ("milp", {"window": "some"}),
     ("milp", {"recompute_backward": 1}),  # an integer is not a bool
+    ("dtr", {"heuristic": "lru"}),
+    ("dtr", {"sample": 0}),
+    ("dtr", {"backward_last": 1}),
     ("auto", {"offload": 1}),
     ("auto", {"offload": "yes"}),
 ]

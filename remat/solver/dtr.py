@@ -1,0 +1,550 @@
+"""``dtr``: Dynamic Tensor Rematerialization as an offline planner.
+
+DTR (Kirisame et al., ICLR 2021) is an online, greedy runtime: it runs the program in order,
+and when an allocation would exceed the budget it *evicts* the resident tensor with the lowest
+heuristic score; an evicted tensor that is read again is *rematerialized* by running its
+producer again, recursively rematerializing that producer's evicted inputs first. Here the
+same policy runs on the graph instead of on a device: every node is computed in graph order
+(forward and backward alike; any recomputable node, backward ones included, may run again),
+and the steps it takes become an explicit :class:`~remat.ir.Plan` (``compute`` and ``free``)
+that the simulator then judges.
+
+Memory follows :mod:`remat.ir.simulate`: static bytes and the caller's inputs are always
+held; a compute allocates its outputs that are not on the device plus its workspace; a value
+is freed once nothing later in graph order reads it (DTR's *banishing* of dead tensors), and an
+eviction is a ``free`` before the compute that needs the room.
+
+The score of a resident value ``t`` (the lowest is evicted), DTR's ``h_DTR`` with the
+evicted-neighbourhood cost ``e*``::
+
+    h(t) = (c(t) + sum of the costs of the evicted components next to t) / (size(t) * s(t))
+
+``c(t)`` is the time of ``t``'s producer; the evicted components are kept in a union-find over
+evicted values (DTR's equivalence-class approximation of ``e*``: a value rejoins its
+component's cost when evicted again, and leaves it, cost subtracted, when rematerialized);
+``s(t)`` is the staleness, the number of computes since ``t`` was last read or made. With
+``heuristic="next-use"`` the staleness is replaced by the distance, in graph order, to the
+value's next read (a planner knows the future, which a runtime does not). Candidates are
+scored exhaustively when there are few, otherwise on a deterministic sample of them (DTR's
+own sampling optimisation), so that a step of 8,000 nodes is planned in seconds.
+
+The plan is judged by the simulator. When it does not fit (an allocation found nothing to
+evict: the values in use by the pending computes fill the budget), the planner runs again
+with a lower internal budget, in a short bisection, and the fastest plan that fits is
+returned, else the one with the smallest peak, reported infeasible.
+
+References
+----------
+M. Kirisame, S. Lyubomirsky, A. Haan, J. Brennan, M. He, J. Roesch, T. Chen, Z. Tatlock.
+"Dynamic Tensor Rematerialization." ICLR 2021.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field
+
+from remat.ir import Graph, Plan
+from remat.ir.plan import Step, StepOp, step_maker
+from remat.ir.result import SolveResult, best_result
+from remat.solver.base import SolverOptions, register
+from remat.solver.deadline import Deadline, Expired, judging_s
+from remat.solver.problem import Problem
+
+Heuristic = Literal["dtr", "next-use"]
+
+SCAN_ALL = 128
+"""Up to this many eviction candidates are all scored; above, a sample of them."""
+
+MAX_ATTEMPTS = 6
+"""Planner runs at most: the budget itself, then a bisection of lower internal budgets."""
+
+CHECK_EVERY = 256
+"""The planner reads its deadline once per this many computes."""
+
+MAX_RUNS_PER_NODE = 20
+"""A run that computes more than this many nodes per node of the graph is thrashing (each
+allocation evicts what the next one needs): it is abandoned, and its limit counts as one that
+does not fit."""
+
+
+class Thrashing(Exception):
+    """The planner recomputed more than :data:`MAX_RUNS_PER_NODE` times the graph."""
+
+
+class DtrOptions(SolverOptions):
+    """Options of ``dtr``."""
+
+    heuristic: Heuristic = Field(
+        "dtr",
+        description="'dtr': the paper's cost / (size x staleness) with e*; 'next-use': "
+        "staleness replaced by the distance to the value's next read.",
+    )
+    sample: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description="Candidates scored per eviction when more than 128 are resident "
+        "(at least the square root of their number).",
+    )
+    backward_last: bool = Field(
+        True,
+        description="Evict values made by backward nodes only when no forward-made value can go.",
+    )
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the planner reads per value and node, as flat lists indexed by integers."""
+
+    num_values: int
+    size: list[int]
+    producer: list[int]  # node index, -1 for inputs and static values
+    cost: list[float]  # time of the producer
+    uses: list[list[int]]  # node indices reading the value, ascending
+    neighbours: list[tuple[int, ...]]  # evicted-neighbourhood candidates for e*
+    node_in: list[tuple[int, ...]]  # dynamic inputs (inputs of the step excluded)
+    node_out: list[tuple[int, ...]]  # dynamic outputs
+    node_time: list[float]
+    node_ws: list[int]
+    node_id: list[str]
+    value_id: list[str]
+    backward: list[bool]  # made by a backward node
+    pinned_until: list[int]  # the value may not be evicted before this node index
+    last_use: list[int]  # the value is dead after this node index (inf: required)
+    input_bytes: int
+
+    @classmethod
+    def of(cls, graph: Graph) -> _Facts:
+        static = graph.static_ids()
+        vid = [v.id for v in graph.values if v.id not in static and v.kind != "input"]
+        vix = {v: i for i, v in enumerate(vid)}
+        size_map = graph.size_map()
+        size = [size_map[v] for v in vid]
+        nodes = graph.nodes
+        producer = [-1] * len(vid)
+        uses: list[list[int]] = [[] for _ in vid]
+        node_in: list[tuple[int, ...]] = []
+        node_out: list[tuple[int, ...]] = []
+        for k, n in enumerate(nodes):
+            ins = tuple(dict.fromkeys(vix[x] for x in n.inputs if x in vix))
+            outs = tuple(vix[o] for o in n.outputs if o in vix)
+            node_in.append(ins)
+            node_out.append(outs)
+            for x in ins:
+                uses[x].append(k)
+            for o in outs:
+                producer[o] = k
+        cost = [nodes[p].time_s if p >= 0 else 0.0 for p in producer]
+        neighbours: list[tuple[int, ...]] = []
+        for v in range(len(vid)):
+            p = producer[v]
+            near = set(node_in[p]) if p >= 0 else set()
+            for c in uses[v]:
+                near.update(node_out[c])
+            near.discard(v)
+            neighbours.append(tuple(sorted(near)))
+        required = graph.required_set()
+        inf = len(nodes) + 1
+        last_use = [
+            inf if vid[v] in required else (uses[v][-1] if uses[v] else producer[v])
+            for v in range(len(vid))
+        ]
+        pinned_until = [inf if vid[v] in required else -1 for v in range(len(vid))]
+        # A value made by a node that cannot run again must stay until nothing that may be
+        # recomputed from it is needed any more: the last need of any value downstream of it
+        # through recomputable producers.
+        reach = list(last_use)
+        for k in range(len(nodes) - 1, -1, -1):
+            if not nodes[k].recomputable:
+                continue
+            far = max((reach[o] for o in node_out[k]), default=-1)
+            for x in node_in[k]:
+                if far > reach[x]:
+                    reach[x] = far
+        for k, n in enumerate(nodes):
+            if not n.recomputable:
+                for o in node_out[k]:
+                    pinned_until[o] = last_use[o] = max(last_use[o], reach[o])
+        input_bytes = sum(size_map[v.id] for v in graph.values if v.kind == "input")
+        return cls(
+            num_values=len(vid),
+            size=size,
+            producer=producer,
+            cost=cost,
+            uses=uses,
+            neighbours=neighbours,
+            node_in=node_in,
+            node_out=node_out,
+            node_time=[n.time_s for n in nodes],
+            node_ws=[n.workspace_bytes for n in nodes],
+            node_id=[n.id for n in nodes],
+            value_id=vid,
+            backward=[p >= 0 and nodes[p].phase == "backward" for p in producer],
+            pinned_until=pinned_until,
+            last_use=last_use,
+            input_bytes=input_bytes,
+        )
+
+
+class _Planner:
+    """One run of the DTR policy against a limit on the dynamic bytes."""
+
+    def __init__(
+        self,
+        facts: _Facts,
+        limit_bytes: int,
+        make: Callable[[StepOp, str], Step],
+        *,
+        heuristic: Heuristic,
+        sample: int,
+        backward_last: bool,
+        deadline: Deadline,
+    ) -> None:
+        self.f = facts
+        self.limit = limit_bytes
+        self.make = make
+        self.heuristic = heuristic
+        self.sample = sample
+        self.deadline = deadline
+        n = facts.num_values
+        self.resident = [False] * n
+        self.pins = [0] * n
+        self.last = [0] * n  # clock of the last read or make
+        self.uf = list(range(n))
+        self.in_uf = [False] * n
+        self.comp_cost = [0.0] * n
+        self.tier = [int(b and backward_last) for b in facts.backward]
+        self.cands: tuple[list[int], list[int]] = ([], [])
+        self.pos = [-1] * n
+        self.cur = facts.input_bytes
+        self.steps: list[Step] = []
+        self.clock = 0
+        self.target = 0
+        self.rng = random.Random(0)
+        self.stuck = False
+        self.max_computes = MAX_RUNS_PER_NODE * max(1, len(facts.node_id))
+
+    # -- union-find of evicted values (e*) ------------------------------------------------
+
+    def _find(self, v: int) -> int:
+        uf = self.uf
+        root = v
+        while uf[root] != root:
+            root = uf[root]
+        while uf[v] != root:
+            uf[v], v = root, uf[v]
+        return root
+
+    def _join_evicted(self, v: int) -> None:
+        if not self.in_uf[v]:
+            self.in_uf[v] = True
+            self.comp_cost[v] = self.f.cost[v]
+        else:
+            self.comp_cost[self._find(v)] += self.f.cost[v]
+        for w in self.f.neighbours[v]:
+            if self.in_uf[w] and not self.resident[w]:
+                a, b = self._find(v), self._find(w)
+                if a != b:
+                    self.uf[b] = a
+                    self.comp_cost[a] += self.comp_cost[b]
+
+    def _leave_evicted(self, v: int) -> None:
+        if self.in_uf[v]:
+            r = self._find(v)
+            self.comp_cost[r] = max(0.0, self.comp_cost[r] - self.f.cost[v])
+
+    # -- candidates -------------------------------------------------------------------------
+
+    def _add_cand(self, v: int) -> None:
+        if self.pos[v] < 0:
+            cands = self.cands[self.tier[v]]
+            self.pos[v] = len(cands)
+            cands.append(v)
+
+    def _drop_cand(self, v: int) -> None:
+        i = self.pos[v]
+        if i >= 0:
+            cands = self.cands[self.tier[v]]
+            last = cands.pop()
+            if last != v:
+                cands[i] = last
+                self.pos[last] = i
+            self.pos[v] = -1
+
+    def _score(self, v: int) -> float:
+        f = self.f
+        cost = f.cost[v]
+        seen: set[int] = set()
+        for w in f.neighbours[v]:
+            if self.in_uf[w] and not self.resident[w]:
+                r = self._find(w)
+                if r not in seen:
+                    seen.add(r)
+                    cost += self.comp_cost[r]
+        if self.heuristic == "dtr":
+            age = max(1, self.clock - self.last[v])
+        else:
+            uses = f.uses[v]
+            i = bisect.bisect_right(uses, self.target)
+            age = (uses[i] - self.target) if i < len(uses) else len(f.node_id) + 1
+        return cost / (f.size[v] * age)
+
+    def _evict_one(self) -> bool:
+        """Free the best candidate of the first tier that has an unpinned one."""
+        return any(self._evict_from(c) for c in self.cands)
+
+    def _evict_from(self, cands: list[int]) -> bool:
+        best, best_score = -1, math.inf
+        if len(cands) <= SCAN_ALL:
+            pool: Sequence[int] = cands
+        else:
+            k = max(self.sample, math.isqrt(len(cands)))
+            pool = [cands[self.rng.randrange(len(cands))] for _ in range(k)]
+        for v in pool:
+            if self.pins[v]:
+                continue
+            s = self._score(v)
+            if s < best_score:
+                best, best_score = v, s
+        if best < 0 and pool is not cands:
+            for v in cands:
+                if not self.pins[v]:
+                    s = self._score(v)
+                    if s < best_score:
+                        best, best_score = v, s
+        if best < 0:
+            return False
+        self._free(best)
+        self._join_evicted(best)
+        return True
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _free(self, v: int) -> None:
+        self.resident[v] = False
+        self.cur -= self.f.size[v]
+        self._drop_cand(v)
+        self.steps.append(self.make("free", self.f.value_id[v]))
+
+    def _settle(self, v: int) -> None:
+        """After a compute read or made ``v``: free it if dead, else offer it for eviction."""
+        f = self.f
+        if not self.resident[v] or self.pins[v]:
+            return
+        if f.last_use[v] <= self.target:
+            self._free(v)
+            self._join_evicted(v)  # a dead value costs a recompute to whoever needs it again
+        elif f.pinned_until[v] <= self.target and f.size[v] > 0 and f.producer[v] >= 0:
+            self._add_cand(v)
+
+    def _compute(self, k: int) -> list[int]:
+        """Emit ``compute(k)`` after making room; return the outputs it allocated."""
+        f = self.f
+        made = [o for o in f.node_out[k] if not self.resident[o]]
+        need = f.node_ws[k] + sum(f.size[o] for o in made)
+        while self.cur + need > self.limit:
+            if not self._evict_one():
+                self.stuck = True
+                break
+        self.steps.append(self.make("compute", f.node_id[k]))
+        self.clock += 1
+        if self.clock % CHECK_EVERY == 0:
+            self.deadline.check("dtr")
+        if self.clock > self.max_computes:
+            raise Thrashing(f"more than {self.max_computes} computes")
+        for o in f.node_out[k]:
+            if not self.resident[o]:
+                self.resident[o] = True
+                self.cur += f.size[o]
+                self._leave_evicted(o)
+            self.last[o] = self.clock
+        for x in f.node_in[k]:
+            self.last[x] = self.clock
+        return made
+
+    def _materialize(self, k: int) -> None:
+        """Compute node ``k``, first rematerializing its evicted inputs (an explicit stack:
+        chains of evicted values can be thousands deep)."""
+        f = self.f
+        stack: list[tuple[int, list[int]]] = [(k, [])]
+        while stack:
+            node, held = stack[-1]
+            missing = -1
+            for x in f.node_in[node]:
+                if self.resident[x]:
+                    if x not in held:
+                        held.append(x)
+                        self.pins[x] += 1
+                elif missing < 0:
+                    missing = x
+            if missing >= 0:
+                stack.append((f.producer[missing], []))
+                continue
+            stack.pop()
+            made = self._compute(node)
+            for x in held:
+                self.pins[x] -= 1
+            if stack:
+                # a rematerialization: pin what the waiting node reads before anything is
+                # freed, and drop at once the other outputs it had to make again (they were
+                # evicted or dead; keeping them made recomputing one output of a node with
+                # many, such as a loss's backward, evict everything else)
+                parent_node, parent_held = stack[-1]
+                for o in f.node_out[node]:
+                    if o in f.node_in[parent_node] and o not in parent_held:
+                        parent_held.append(o)
+                        self.pins[o] += 1
+                for o in made:
+                    if not self.pins[o]:
+                        self._free(o)
+                        self._join_evicted(o)
+            for x in held:
+                self._settle(x)
+            for o in f.node_out[node]:
+                self._settle(o)
+
+    def run(self) -> Plan:
+        for k in range(len(self.f.node_id)):
+            self.target = k
+            self._materialize(k)
+        # required values that were evicted (never: they are pinned) need nothing more
+        return Plan(steps=tuple(self.steps))
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One planner run: the internal limit and the simulator's verdict on its plan."""
+
+    limit_bytes: int
+    result: SolveResult
+
+
+def dtr_plan(
+    graph: Graph,
+    limit_bytes: int,
+    *,
+    heuristic: Heuristic = "dtr",
+    sample: int = 32,
+    backward_last: bool = True,
+    deadline: Deadline | None = None,
+) -> tuple[Plan, bool]:
+    """The DTR policy's plan under ``limit_bytes`` dynamic bytes, and whether every allocation
+    found room (False: the plan peaks above the limit)."""
+    facts = graph.memo("dtr.facts", lambda: _Facts.of(graph))
+    p = _Planner(
+        facts,
+        limit_bytes,
+        step_maker(graph),
+        heuristic=heuristic,
+        sample=sample,
+        backward_last=backward_last,
+        deadline=deadline if deadline is not None else Deadline(None),
+    )
+    return p.run(), not p.stuck
+
+
+@register(
+    "dtr",
+    kind="dag",
+    summary="Dynamic Tensor Rematerialization's greedy eviction (Kirisame et al. 2021)",
+    options=DtrOptions,
+)
+def solve_dtr(
+    problem: Problem,
+    *,
+    heuristic: Heuristic = "dtr",
+    sample: int = 32,
+    backward_last: bool = True,
+) -> SolveResult:
+    """Plan the step with DTR's eviction policy (see the module docstring).
+
+    Parameters
+    ----------
+    heuristic
+        ``"dtr"``: evict the lowest ``e*(t) / (size(t) * staleness(t))`` (the paper's
+        ``h_DTR``); ``"next-use"``: the staleness replaced by the distance to the next read.
+    sample
+        Candidates scored per eviction when more than 128 are resident (at least the square
+        root of their number); all of them otherwise.
+    backward_last
+        Evict values made by backward nodes only when no forward-made value can go (a
+        gradient is costly to remake: its recomputation reaches back through the backward
+        pass to the loss). Off: every value competes on its score alone, as in the paper.
+
+    References
+    ----------
+    M. Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021.
+    """
+    t0 = time.perf_counter()
+    graph = problem.graph
+    deadline = Deadline(problem.deadline).share(1.0, reserve_s=judging_s(graph.num_nodes, 1))
+    limit = problem.budget_bytes - problem.static_bytes
+    attempts: list[_Attempt] = []
+    thrashed = 0
+
+    def fits(lim: int) -> bool:
+        nonlocal thrashed
+        try:
+            plan, _ = dtr_plan(
+                graph,
+                lim,
+                heuristic=heuristic,
+                sample=sample,
+                backward_last=backward_last,
+                deadline=deadline,
+            )
+        except Thrashing:
+            thrashed += 1
+            return False
+        a = _Attempt(lim, problem.result(plan, solver="dtr", started=t0))
+        attempts.append(a)
+        return a.result.fits
+
+    timed_out = False
+    try:
+        if not fits(limit) and limit > 0:
+            # bisect a lower internal limit (down to half the room) for the highest that
+            # fits: a plan of a lower limit evicts earlier and can get through where the
+            # first found nothing to evict
+            lo, hi = limit // 2, limit
+            for _ in range(MAX_ATTEMPTS - 1):
+                mid = (lo + hi) // 2
+                if hi - lo <= max(1, limit // 1000):
+                    break
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid
+    except Expired:
+        timed_out = True
+    tries = len(attempts) + thrashed
+    if not attempts:
+        why = (
+            "ran past the time limit"
+            if timed_out
+            else f"thrashed (more than {MAX_RUNS_PER_NODE} runs per node) at every limit tried"
+        )
+        return problem.no_plan(
+            solver="dtr",
+            started=t0,
+            min_budget_bytes=None,
+            status="timeout" if timed_out else "infeasible",
+            message=f"the DTR planner {why}",
+        )
+    best = best_result([a.result for a in attempts])
+    assert best is not None
+    how = "within the budget" if best.fits else "over the budget (smallest peak)"
+    return best.model_copy(
+        update={
+            "message": f"DTR ({heuristic}) plan {how}; {tries} internal budget(s) tried",
+            "solve_time_s": time.perf_counter() - t0,
+        }
+    )
