@@ -24,11 +24,15 @@ evicted values (DTR's equivalence-class approximation of ``e*``: a value rejoins
 component's cost when evicted again, and leaves it, cost subtracted, when rematerialized);
 ``s(t)`` is the staleness, the number of computes since ``t`` was last read or made. With
 ``heuristic="next-use"`` the staleness is replaced by the distance, in graph order, to the
-value's next read (a planner knows the future, which a runtime does not). Candidates are
+value's next read (a planner knows the future, which a runtime does not). With
+``backward_last`` (default) values made by backward nodes are evicted only when no
+forward-made value can go: a gradient's recomputation reaches back through the backward pass
+to the loss, which ``e*`` underrates once the values on the way are dead. Candidates are
 scored exhaustively when there are few, otherwise on a deterministic sample of them (DTR's
 own sampling optimisation), so that a step of 8,000 nodes is planned in seconds.
 
-The plan is judged by the simulator. When it does not fit (an allocation found nothing to
+A run that computes more than :data:`MAX_RUNS_PER_NODE` times the graph is thrashing and is
+abandoned. The plan is judged by the simulator. When it does not fit (an allocation found nothing to
 evict: the values in use by the pending computes fill the budget), the planner runs again
 with a lower internal budget, in a short bisection, and the fastest plan that fits is
 returned, else the one with the smallest peak, reported infeasible.
@@ -415,7 +419,6 @@ class _Planner:
         for k in range(len(self.f.node_id)):
             self.target = k
             self._materialize(k)
-        # required values that were evicted (never: they are pinned) need nothing more
         return Plan(steps=tuple(self.steps))
 
 
