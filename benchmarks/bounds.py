@@ -1,0 +1,101 @@
+"""Bound benchmark: how far below the true optimum each lower bound lies, by family.
+
+On graphs small enough for Checkmate's MILP without any of its optional restrictions (the
+whole schedule class of the bounds: first runs in graph order, recomputation anywhere; see
+:mod:`remat.solver.bounds`), HiGHS proves the optimum or a dual bound within the time limit.
+Beside it, in one run: the best single-cut knapsack (``cut``), the best single-cut closure LP
+(``closure``), the multi-cut LP (``multicut``), the best of them that ``auto`` reports
+(``best``), and ``auto``'s own plan. Each figure is the overhead over eager; ``best/opt`` is
+the share of the optimum's overhead that the best bound proves (1.00: tight).
+
+Measured (2 cores, 30 s limit): on chains the best bound is 0.84-1.00 of the optimum; on
+random layered DAGs of 21-29 nodes at 70% it is well below it (+7.8% proven against an
+incumbent of +20.2% and a dual bound of +10.8%); on a one-level U-Net (53 nodes) the exact MILP
+proves less than the bounds (+3.1% against +4.0%) in that time.
+
+Usage::
+
+    .venv/bin/python benchmarks/bounds.py [--time-limit 60] [--fractions 0.7,0.5]
+        [--cases dag12s1,chain8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from remat import solver
+from remat.ir import Graph, eager_plan, simulate, synthetic
+from remat.ir.budget import fraction_bytes
+from remat.solver.bounds import best_bound, closure_bounds, cut_bounds, multicut_bound
+from remat.solver.checkmate import CheckmateModel
+
+CASES: dict[str, Callable[[], Graph]] = {
+    "chain6": lambda: synthetic.chain(6),
+    "hetchain6": lambda: synthetic.chain(6, heterogeneous=True),
+    "unet1": lambda: synthetic.unet(1, image_size=32, batch_size=1),
+    "dag10s1": lambda: synthetic.random_layered_dag(10, seed=1),
+    "dag10s2": lambda: synthetic.random_layered_dag(10, seed=2),
+    "dag12s1": lambda: synthetic.random_layered_dag(12, seed=1),
+    "dag12s2": lambda: synthetic.random_layered_dag(12, seed=2),
+}
+
+
+def exact(g: Graph, budget: int, time_limit_s: float) -> tuple[str, float | None, float | None]:
+    """Status, optimum (or incumbent) and proven dual bound of the unrestricted MILP (s)."""
+    cm = CheckmateModel.build(
+        g, budget, recompute_backward=True, recompute_in_forward=True, lazy=False, window=None
+    )
+    sol = cm.model.solve(time_limit_s=time_limit_s)
+    obj = None if sol.objective is None else sol.objective * cm.time_unit_s
+    dual = None if sol.bound is None else sol.bound * cm.time_unit_s
+    return sol.status, obj, dual
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--fractions", default="0.7,0.5")
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    args = ap.parse_args()
+    cols = "case nodes budget exact opt dual cut closure multicut best best/opt auto exact_s"
+    print(cols.replace(" ", "  "))
+    for name in args.cases.split(","):
+        if name not in CASES:
+            raise SystemExit(f"--cases: no case {name!r} (cases: {', '.join(CASES)})")
+        g = CASES[name]()
+        base = sum(n.time_s for n in g.nodes)
+        peak = simulate(g, eager_plan(g)).peak_dynamic_bytes
+
+        def pct(t: float | None, base: float = base) -> str:
+            return "-" if t is None or t == float("inf") else f"{(t / base - 1) * 100:+.1f}%"
+
+        for frac in (float(f) for f in args.fractions.split(",")):
+            b = fraction_bytes(g, frac, peak)
+            t0 = time.perf_counter()
+            status, opt, dual = exact(g, b, args.time_limit)
+            exact_s = time.perf_counter() - t0
+            cut = cut_bounds(g, b).time_s
+            closure = closure_bounds(g, b, max_cuts=g.num_nodes)
+            multi = multicut_bound(g, b, max_cuts=g.num_nodes)
+            best = best_bound(g, b).time_s
+            auto = solver.solve(g, b, solver="auto", time_limit_s=args.time_limit)
+            share = "-"
+            if opt is not None and status == "optimal" and opt > base:
+                share = f"{(best - base) / (opt - base):.2f}"
+            print(
+                f"{name}  {g.num_nodes}  {frac:.0%}  {status}  {pct(opt)}  {pct(dual)}  "
+                f"{pct(cut)}  {pct(closure.time_s if closure else None)}  "
+                f"{pct(multi.time_s if multi else None)}  {pct(best)}  {share}  "
+                f"{pct(auto.total_time_s if auto.fits else None)}  {exact_s:.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
