@@ -32,10 +32,11 @@ the class fits.
 * :func:`lp_bound`: the LP relaxation of Checkmate's MILP without any of its optional
   restrictions (exact class), where the model is small enough to build and solve in time.
 
-How far below the optimum they lie depends on the family. On chains and transformers the best
-of them is within about 1% of the plans found. On random layered DAGs they are far below it:
-on 21- and 29-node DAGs at 70%, where the exact MILP proves the optimum (+18.2% and +27.7%
-over eager), the best single-cut bound was +4.7% and +6.2%. None of them counts the memory a
+How far below the optimum they lie depends on the family (``benchmarks/bounds.py`` measures
+it against the unrestricted MILP). On small chains the best of them is 0.84-1.00 of the
+optimum's overhead. On random layered DAGs they are far below it: on a 21-node DAG at 70%
+the optimum is +18.2% over eager (proven) and the best bound +7.8%; on a 29-node one the
+MILP's dual bound is +12.5% and the best bound again +7.8%. None of them counts the memory a
 recomputation needs while it runs (a node that makes several large gradients at once makes
 them all again), which is what those optima pay for.
 
