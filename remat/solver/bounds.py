@@ -55,6 +55,7 @@ fractional knapsack's greedy solution).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,8 @@ class _CutIndex:
     node_time: np.ndarray
     rerun: np.ndarray
     room_bytes: int
+    index: dict[str, int]
+    """Value id -> its position in ``values``."""
 
     @classmethod
     def of(cls, graph: Graph, budget_bytes: int) -> _CutIndex:
@@ -126,6 +129,7 @@ class _CutIndex:
             node_time=np.asarray([nd.time_s for nd in graph.nodes], dtype=np.float64),
             rerun=np.asarray([nd.recomputable for nd in graph.nodes], dtype=bool),
             room_bytes=room,
+            index={v: i for i, v in enumerate(values)},
         )
 
 
@@ -207,6 +211,72 @@ def cut_bounds(
     )
 
 
+def _cut_rows(
+    m: SparseModel,
+    graph: Graph,
+    ix: _CutIndex,
+    c: int,
+    new_y: Callable[[int], int],
+    deadline: Deadline | None,
+) -> float | None:
+    """Add the closure relaxation's rows at the first run of node ``c`` to ``m``: columns
+    ``x`` (a value resident then) and, made by ``new_y``, ``y`` (a node runs again after it);
+    every value needed across ``c`` resident or made again, every node run again with its
+    inputs resident or made again, the resident ones within the room left beside node
+    ``c``'s own working set. Returns that room in bytes (``math.inf`` when the working set
+    alone exceeds the room: no plan fits), or None when ``deadline`` passed first."""
+    node = graph.nodes[c]
+    vindex = ix.index
+    inputs = {vindex[x] for x in node.inputs if x in vindex}
+    fixed = float(sum(ix.size[i] for i in inputs))
+    fixed += sum(
+        graph.value(o).size_bytes
+        for o in node.outputs
+        if not graph.is_static(o) and graph.value(o).kind != "input"
+    )
+    cap = ix.room_bytes - fixed - node.workspace_bytes
+    if cap < 0:
+        return math.inf
+    x: dict[int, int] = {}  # value -> column (resident at c)
+    y: dict[int, int] = {}  # node -> column (runs again after c)
+    todo: list[int] = []
+
+    def x_of(v: int) -> int:
+        if v not in x:
+            x[v] = m.add_col(f"x{v},{c}", 0.0, 1.0)
+        return x[v]
+
+    def y_of(p: int) -> int | None:
+        if not ix.rerun[p]:
+            return None
+        if p not in y:
+            y[p] = new_y(p)
+            todo.append(p)
+        return y[p]
+
+    for v in np.flatnonzero((ix.producer < c) & (ix.last_need >= c)).tolist():
+        if v in inputs:
+            continue
+        yp = y_of(int(ix.producer[v]))
+        m.add_row([(x_of(v), 1.0)] + ([(yp, 1.0)] if yp is not None else []), 1.0, math.inf)
+    while todo:
+        if deadline is not None and deadline.expired():
+            return None
+        p = todo.pop()
+        for u_id in graph.nodes[p].inputs:
+            u = vindex.get(u_id)
+            if u is None or u in inputs:
+                continue  # static, a graph input, or resident anyway (read by c)
+            yu = y_of(int(ix.producer[u]))
+            terms = [(x_of(u), 1.0), (y[p], -1.0)] + ([(yu, 1.0)] if yu is not None else [])
+            m.add_row(terms, 0.0, math.inf)
+    if x:
+        scale_b = max(float(ix.size.max(initial=0.0)), 1.0)
+        sizes = [(col, float(ix.size[v]) / scale_b) for v, col in x.items()]
+        m.add_row(sizes, -math.inf, cap / scale_b)
+    return cap
+
+
 def closure_bound(
     graph: Graph,
     budget_bytes: int,
@@ -226,61 +296,20 @@ def closure_bound(
     if budget_bytes < graph.static_bytes + graph.input_bytes:
         return LowerBound("closure", math.inf, "the budget is below what is held")
     ix = _CutIndex.of(graph, budget_bytes)
-    c = position
-    node = graph.nodes[c]
-    vindex = {v: i for i, v in enumerate(ix.values)}
-    inputs = {vindex[x] for x in node.inputs if x in vindex}
-    fixed = float(sum(ix.size[i] for i in inputs))
-    fixed += sum(
-        graph.value(o).size_bytes
-        for o in node.outputs
-        if not graph.is_static(o) and graph.value(o).kind != "input"
-    )
-    fixed += node.workspace_bytes
-    cap = ix.room_bytes - fixed
-    if cap < 0:
-        return LowerBound("closure", math.inf, f"node {node.id!r} alone exceeds the room")
-    live = np.flatnonzero((ix.producer < c) & (ix.last_need >= c)).tolist()
+    node = graph.nodes[position]
     m = SparseModel()
     scale_t = max(float(ix.node_time.max(initial=0.0)), 1e-30)
-    scale_b = max(float(ix.size.max(initial=0.0)), 1.0)
-    x: dict[int, int] = {}  # value -> column (resident at c)
-    y: dict[int, int] = {}  # node -> column (runs again after c)
-    todo: list[int] = []
 
-    def x_of(v: int) -> int:
-        if v not in x:
-            x[v] = m.add_col(f"x{v}", 0.0, 1.0)
-        return x[v]
+    def new_y(p: int) -> int:
+        return m.add_col(f"y{p}", 0.0, 1.0, integer=integer, cost=ix.node_time[p] / scale_t)
 
-    def y_of(p: int) -> int | None:
-        if not ix.rerun[p]:
-            return None
-        if p not in y:
-            y[p] = m.add_col(f"y{p}", 0.0, 1.0, integer=integer, cost=ix.node_time[p] / scale_t)
-            todo.append(p)
-        return y[p]
-
-    for v in live:
-        if v in inputs:
-            continue
-        yp = y_of(int(ix.producer[v]))
-        m.add_row([(x_of(v), 1.0)] + ([(yp, 1.0)] if yp is not None else []), 1.0, math.inf)
-    while todo:
-        if deadline is not None and deadline.expired():
-            return None
-        p = todo.pop()
-        for u_id in graph.nodes[p].inputs:
-            u = vindex.get(u_id)
-            if u is None or u in inputs:
-                continue  # static, a graph input, or resident anyway (read by c)
-            yu = y_of(int(ix.producer[u]))
-            terms = [(x_of(u), 1.0), (y[p], -1.0)] + ([(yu, 1.0)] if yu is not None else [])
-            m.add_row(terms, 0.0, math.inf)
-    if not x:
+    rows = _cut_rows(m, graph, ix, position, new_y, deadline)
+    if rows is None:
+        return None
+    if math.isinf(rows):
+        return LowerBound("closure", math.inf, f"node {node.id!r} alone exceeds the room")
+    if m.num_cols == 0:
         return LowerBound("closure", base, f"nothing is needed across node {node.id!r}")
-    sizes = [(col, float(ix.size[v]) / scale_b) for v, col in x.items()]
-    m.add_row(sizes, -math.inf, cap / scale_b)
     left = None if deadline is None else deadline.left_s()
     if left is not None and left <= 0.05:
         return None
@@ -362,10 +391,8 @@ def multicut_bound(
         return LowerBound("multicut", math.inf, "a cut alone exceeds the room")
     ranked = [c for c, e in sorted(scored, key=lambda ce: -ce[1]) if e > 0 and c != first_bwd]
     cuts = [first_bwd, *ranked[: max(0, max_cuts - 1)]]
-    vindex = {v: i for i, v in enumerate(ix.values)}
     m = SparseModel()
     scale_t = max(float(ix.node_time.max(initial=0.0)), 1e-30)
-    scale_b = max(float(ix.size.max(initial=0.0)), 1.0)
     w: dict[int, int] = {}  # node -> column (runs again after some cut)
 
     def w_of(p: int) -> int:
@@ -376,54 +403,18 @@ def multicut_bound(
     for c in sorted(cuts):
         if deadline is not None and deadline.expired():
             return None
-        node = graph.nodes[c]
-        inputs = {vindex[x] for x in node.inputs if x in vindex}
-        fixed = float(sum(ix.size[i] for i in inputs))
-        fixed += sum(
-            graph.value(o).size_bytes
-            for o in node.outputs
-            if not graph.is_static(o) and graph.value(o).kind != "input"
-        )
-        cap = ix.room_bytes - fixed - node.workspace_bytes
-        if cap < 0:
-            return LowerBound("multicut", math.inf, f"node {node.id!r} alone exceeds the room")
-        x: dict[int, int] = {}
-        y: dict[int, int] = {}
-        todo: list[int] = []
 
-        def x_of(v: int, x: dict[int, int] = x, c: int = c) -> int:
-            if v not in x:
-                x[v] = m.add_col(f"x{v},{c}", 0.0, 1.0)
-            return x[v]
+        def new_y(p: int, c: int = c) -> int:
+            y = m.add_col(f"y{p},{c}", 0.0, 1.0)
+            m.add_row([(w_of(p), 1.0), (y, -1.0)], 0.0, math.inf)  # w[p] >= y[p, c]
+            return y
 
-        def y_of(p: int, y: dict[int, int] = y, todo: list[int] = todo, c: int = c) -> int | None:
-            if not ix.rerun[p]:
-                return None
-            if p not in y:
-                y[p] = m.add_col(f"y{p},{c}", 0.0, 1.0)
-                m.add_row([(w_of(p), 1.0), (y[p], -1.0)], 0.0, math.inf)
-                todo.append(p)
-            return y[p]
-
-        for v in np.flatnonzero((ix.producer < c) & (ix.last_need >= c)).tolist():
-            if v in inputs:
-                continue
-            yp = y_of(int(ix.producer[v]))
-            m.add_row([(x_of(v), 1.0)] + ([(yp, 1.0)] if yp is not None else []), 1.0, math.inf)
-        while todo:
-            p = todo.pop()
-            for u_id in graph.nodes[p].inputs:
-                u = vindex.get(u_id)
-                if u is None or u in inputs:
-                    continue
-                yu = y_of(int(ix.producer[u]))
-                terms = [(x_of(u), 1.0), (y[p], -1.0)] + ([(yu, 1.0)] if yu is not None else [])
-                m.add_row(terms, 0.0, math.inf)
-        if x:
-            m.add_row(
-                [(col, float(ix.size[v]) / scale_b) for v, col in x.items()],
-                -math.inf,
-                cap / scale_b,
+        rows = _cut_rows(m, graph, ix, c, new_y, deadline)
+        if rows is None:
+            return None
+        if math.isinf(rows):
+            return LowerBound(
+                "multicut", math.inf, f"node {graph.nodes[c].id!r} alone exceeds the room"
             )
     if not w:
         return LowerBound("multicut", base, "nothing needs to run again")
