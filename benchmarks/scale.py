@@ -177,7 +177,7 @@ GRAPHS: dict[str, Callable[[], Graph]] = {
     "llama70b": lambda: _trace_hf("llama70b"),
     "opt2": lambda: _trace_hf("opt2"),
 }
-REMAT_SOLVERS = ("auto", "hierarchical", "rotor", "checkpoint-all")
+REMAT_SOLVERS = ("auto", "dtr", "hierarchical", "rotor", "checkpoint-all")
 TORCH_SOLVERS = ("torch-dp", "torch-greedy", "torch-ilp")
 
 

@@ -6,10 +6,11 @@
    (:func:`remat.solver.bounds.best_bound`: the knapsack relaxations at cuts of the step, the
    exact model's LP on small graphs), on a tenth of the time.
 3. Graphs of up to :data:`MILP_MAX_NODES` nodes: fast heuristics and chain DPs, cheapest
-   first (``checkpoint-all``, Chen's greedy, ``rotor``; ``pofo`` when offloading is allowed),
-   ``hierarchical`` and ``lp-round``, then the exact MILP (``milp``) with the time left,
-   started from the plans found.
-4. Larger graphs, where the whole-graph MILP does not fit the time: ``hierarchical`` first
+   first (``checkpoint-all``, ``dtr`` with its two scores, Chen's greedy, ``rotor``; ``pofo``
+   when offloading is allowed), ``hierarchical`` and ``lp-round``, then the exact MILP
+   (``milp``) with the time left, started from the plans found.
+4. Larger graphs, where the whole-graph MILP does not fit the time: ``dtr`` with its two
+   scores (under a second on 8,000 nodes), ``hierarchical``
    (blocks solved exactly, rotor's DP across them) with all the time but
    :data:`BASELINES_SHARE`, then ``rotor`` (and ``pofo``), ``checkpoint-all`` and Chen's
    greedy with what is left (on a 5,000-node graph they take seconds each, and their plans
@@ -38,7 +39,7 @@ as ``min_budget_bytes`` and the proven lower bound on any plan's peak as
 References
 ----------
 See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumont et al. 2021
-(POFO); Jain et al. 2020 (Checkmate).
+(POFO); Jain et al. 2020 (Checkmate); Kirisame et al. 2021 (DTR).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ chain methods reach +8.8% over eager) it found +1.2% in 50 s."""
 BASELINES_SHARE = 0.2
 """On graphs above :data:`MILP_MAX_NODES` nodes, the share of the time limit kept from
 ``hierarchical`` for ``rotor``, ``checkpoint-all`` and Chen's greedy, which run after it."""
+
+DTR_NEXT_USE = "dtr/next-use"
+"""``auto``'s name for its second ``dtr`` run, scored by the distance to the next read."""
 
 DEFAULT_GAP_TOLERANCE = 0.01
 """``auto`` stops once its plan is within 1% of its best proven bound."""
@@ -190,15 +194,20 @@ def solve_auto(
 
     exact_fits = graph.num_nodes <= MILP_MAX_NODES
     offloads = ["pofo"] if offload else []
+    # dtr (both scores) first at every size: under a second on 8,000 nodes, and on graphs
+    # that are no chain (random layered DAGs, U-Nets) far better than the chain methods
+    dtrs = ["dtr", DTR_NEXT_USE]
     if exact_fits:
-        quick = ["checkpoint-all", "chen-greedy", "rotor", *offloads, "hierarchical", "lp-round"]
+        quick = [
+            "checkpoint-all", *dtrs, "chen-greedy", "rotor", *offloads, "hierarchical", "lp-round"
+        ]  # fmt: skip
     else:
         # the whole-graph MILP does not fit the time: hierarchical first with most of it
         # (blocks solved exactly, rotor's DP across them: rotor's class on the chain's own
         # stages); rotor and the baselines, which take seconds each on such graphs and
         # whose plans lie in its class, with what is left (on a loaded machine rotor first
         # left hierarchical too little to finish one block size)
-        quick = ["hierarchical", "rotor", *offloads, "checkpoint-all", "chen-greedy"]
+        quick = [*dtrs, "hierarchical", "rotor", *offloads, "checkpoint-all", "chen-greedy"]
     stopped = False
     for name in quick:
         if close_enough():
@@ -220,6 +229,8 @@ def solve_auto(
                 start_plans=_plans(results, fitting_only=False, only="rotor"),
                 good_enough_s=_bound(results, base, proven) * (1 + gap_tolerance / 4),
             )
+        elif name == DTR_NEXT_USE:
+            run("dtr", share, heuristic="next-use")
         elif name == "pofo":
             # it keeps rotor's plan when it is faster: hand it the one rotor made
             run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))

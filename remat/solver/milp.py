@@ -157,11 +157,57 @@ def run_checkmate(
     Everything runs against ``deadline`` (default: ``time_limit_s`` from now): building the
     model and the MIP start check it, HiGHS gets the time left and polls it. When it passes
     before any model is solved, :class:`~remat.solver.deadline.Expired` is raised.
-    ``on_incumbent(time_s, bound_s)`` hears of each improving MILP solution (seconds)."""
+    ``on_incumbent(time_s, bound_s)`` hears of each improving MILP solution (seconds).
+
+    When ``recompute_backward`` is left to its default and that default (off, on graphs over
+    12 nodes) is proven infeasible at every window, the ladder is run again with backward
+    recomputation on."""
     dl = deadline if deadline is not None else Deadline.after(time_limit_s)
+    rb = graph.num_nodes <= SMALL_GRAPH_NODES if recompute_backward is None else recompute_backward
+    run = _run_ladder(
+        graph, budget_bytes, dl, rb, recompute_in_forward, window, hints, relax,
+        backend, threads, on_incumbent, rel_gap,
+    )  # fmt: skip
+    if (
+        recompute_backward is None
+        and not rb
+        and run.solution is not None
+        and run.solution.status == "infeasible"
+        and dl.left_s() > 0.1
+    ):
+        # Backward nodes running once is a default restriction, not the user's: where the
+        # whole window ladder proves it infeasible (a random layered DAG of 46 nodes at 70%),
+        # widen it as the ladder widens windows, with the hints again (a DTR plan reruns
+        # backward nodes).
+        try:
+            wide = _run_ladder(
+                graph, budget_bytes, dl, True, recompute_in_forward, window, hints, relax,
+                backend, threads, on_incumbent, rel_gap,
+            )  # fmt: skip
+        except Expired:
+            return run
+        if wide.solution is not None:
+            return wide
+    return run
+
+
+def _run_ladder(
+    graph: Graph,
+    budget_bytes: int,
+    dl: Deadline,
+    rb: bool,
+    recompute_in_forward: bool | None,
+    window: WindowSpec,
+    hints: list[Plan] | None,
+    relax: bool,
+    backend: Backend,
+    threads: int | None,
+    on_incumbent: Callable[[float, float | None], None] | None,
+    rel_gap: float,
+) -> CheckmateRun:
+    """:func:`run_checkmate` for one ``recompute_backward`` setting: the window ladder."""
     run: CheckmateRun | None = None
     ladder = window_ladder(graph, window)
-    rb = graph.num_nodes <= SMALL_GRAPH_NODES if recompute_backward is None else recompute_backward
     index = MilpIndex.of(graph, recompute_backward=rb)
     for w in ladder:
         for margin in (0.0, 1e-6):
