@@ -37,7 +37,9 @@ the whole class (the optimum and the bound are then those of the restricted clas
 * lazy recomputation: a node is recomputed only in a stage that reads its output;
 * a recompute *window*: stage ``t`` recomputes only nodes of the blocks (``block_key`` of the
   module path) whose values node ``t`` reads, or of the ``window`` blocks before them; the
-  window widens (0, 2, 8, all) when the MILP proves it infeasible.
+  window widens (0, 2, 8, all) when the MILP proves it infeasible;
+* when the ladder is proven infeasible at every window with ``recompute_backward`` left to
+  its default (off), it is run again with backward recomputation on.
 
 HiGHS starts from the first given start plan (``auto`` passes the plans its other solvers
 found) or fallback plan (eager, keep nothing, keep the blocks' inputs) that lies in the model's

@@ -122,3 +122,19 @@ def test_reductions_shrink_the_model_on_large_graphs() -> None:
     small = CheckmateModel.build(g, b, window=0)
     full = CheckmateModel.build(g, b, window=None, recompute_in_forward=True)
     assert small.model.num_integer < full.model.num_integer
+
+
+def test_a_default_restriction_proven_infeasible_widens_to_backward_recomputation() -> None:
+    # 46 nodes at 70%: with backward nodes running once (the default above 12 nodes) the
+    # MILP proves every window infeasible; widened, it finds a plan that reruns one
+    from remat.ir.budget import fraction_bytes
+    from remat.ir.synthetic import random_layered_dag
+
+    g = random_layered_dag(20)
+    b = fraction_bytes(g, 0.7, simulate(g, eager_plan(g)).peak_dynamic_bytes)
+    narrow = run_checkmate(g, b, recompute_backward=False, time_limit_s=60)
+    assert narrow.solution is not None and narrow.solution.status == "infeasible"
+    r = get("milp")(g, b, time_limit_s=60)
+    assert r.fits and r.plan is not None, r.message
+    counts = r.plan.compute_counts()
+    assert any(counts[n.id] > 1 for n in g.backward_nodes)
