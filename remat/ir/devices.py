@@ -72,13 +72,17 @@ def roofline_time_s(
     bytes_moved: float,
     dtype: str | None,
     op_class: str | None = None,
+    size: float | None = None,
 ) -> float:
     """Roofline estimate of one op: the profile's per-op overhead plus the slower of compute
     (``flops`` at the dtype's peak, times the efficiency the profile lists for ``op_class``)
     and memory traffic (``bytes_moved`` at the bandwidth of ``op_class``: ``"elementwise"``,
     ``"transcendental"``, ``"softmax"``, ``"random"``, an op's own name where the profile
-    measured it, or None for plain memory bandwidth)."""
+    measured it, or None for plain memory bandwidth). ``size`` (the length of the rows a
+    softmax or norm reduces, the FLOPs of one product of a batched matmul) picks the rate on
+    the key's curve where the profile has one (``op_bandwidth_curves``,
+    ``op_efficiency_curves``)."""
     return profile.op_overhead_s + max(
-        flops / profile.flops_per_s(dtype, op_class),
-        bytes_moved / profile.bandwidth_bytes_per_s(op_class),
+        flops / profile.flops_per_s(dtype, op_class, size),
+        bytes_moved / profile.bandwidth_bytes_per_s(op_class, size),
     )

@@ -27,11 +27,12 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
+from remat.ir.device_profile import DeviceProfile as DeviceProfile
 from remat.ir.errors import GraphValidationError
 
 SCHEMA_VERSION = 1
@@ -46,70 +47,6 @@ STATIC_KINDS: frozenset[str] = frozenset({"param", "buffer"})
 
 # Used when a graph carries no device profile: a PCIe 4.0 x16 link as measured in practice.
 DEFAULT_HOST_BANDWIDTH_BYTES_PER_S = 25e9
-
-
-class DeviceProfile(BaseModel):
-    """The cost profile a graph's times were made for (a roofline of one accelerator).
-
-    Attributes
-    ----------
-    name
-        e.g. ``"h100-sxm"`` or ``"cpu-local"``.
-    peak_flops_per_s
-        Peak dense FLOP/s per dtype name (``"float32"``, ``"bfloat16"``, ...).
-    memory_bandwidth_bytes_per_s
-        Device memory bandwidth.
-    host_bandwidth_bytes_per_s
-        One-direction bandwidth of the host link, used for offload and prefetch.
-    memory_bytes
-        Device memory capacity, when known.
-    op_overhead_s
-        Fixed time of one op call (dispatch on a CPU, kernel launch on a GPU), added to every
-        op's roofline time; 0 for the datasheet profiles, which do not state one.
-    op_bandwidth_bytes_per_s
-        Effective bandwidth of memory-bound op classes (``"elementwise"``, ``"transcendental"``,
-        ``"softmax"``, ``"random"``; see :func:`remat.ir.devices.roofline_time_s`) where they
-        differ from ``memory_bandwidth_bytes_per_s`` (measured for the local CPU). A key may
-        also be one op's base name (``"tanh"``, ``"silu_backward"``), measured on its own.
-    op_compute_efficiency
-        Fraction of the dtype's peak FLOP/s that compute-bound op kinds reach, where it is not
-        the matrix product's (measured for the local CPU: ``"attention"`` and
-        ``"attention_causal"``, the fused attention kernels, whose causal FLOPs count half).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    peak_flops_per_s: dict[str, float]
-    memory_bandwidth_bytes_per_s: float
-    host_bandwidth_bytes_per_s: float
-    memory_bytes: int | None = None
-    op_overhead_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    op_bandwidth_bytes_per_s: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = (
-        Field(default_factory=dict)
-    )
-    op_compute_efficiency: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = Field(
-        default_factory=dict
-    )
-
-    def bandwidth_bytes_per_s(self, op_class: str | None) -> float:
-        """Effective bandwidth of ``op_class``, else the memory bandwidth."""
-        if op_class is not None and op_class in self.op_bandwidth_bytes_per_s:
-            return self.op_bandwidth_bytes_per_s[op_class]
-        return self.memory_bandwidth_bytes_per_s
-
-    def flops_per_s(self, dtype: str | None, op_class: str | None = None) -> float:
-        """FLOP/s for ``dtype`` (its peak, falling back to float32, then to the slowest listed),
-        times the compute efficiency of ``op_class`` when the profile lists one."""
-        eff = self.op_compute_efficiency.get(op_class, 1.0) if op_class is not None else 1.0
-        return eff * self._peak_flops_per_s(dtype)
-
-    def _peak_flops_per_s(self, dtype: str | None) -> float:
-        if dtype is not None and dtype in self.peak_flops_per_s:
-            return self.peak_flops_per_s[dtype]
-        if "float32" in self.peak_flops_per_s:
-            return self.peak_flops_per_s["float32"]
-        return min(self.peak_flops_per_s.values())
 
 
 class Value(BaseModel):

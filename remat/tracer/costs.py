@@ -4,12 +4,15 @@
   a roofline, ``op_overhead_s + max(flops / FLOP/s, bytes moved / bandwidth)``, where bytes
   moved are the bytes of the tensors the op reads and writes, and the key that picks the rates
   (:func:`cost_key`) is the op's own name where the profile measured it (``tanh``, ``silu``,
-  ...), ``attention``/``attention_causal`` for the fused attention kernels (a share of the
-  matmul rate), what ``pow`` becomes for its exponent, or else its class (:func:`op_class`:
-  plain element-wise/copy, element-wise with a strided or broadcast operand, transcendental,
-  softmax, reduction, normalisation, random draw). No op that moves bytes costs zero. The default of
-  :func:`remat.trace` (``cost=None``) is the roofline of the device the step targets: the
-  measured local CPU for ``target="cpu"``.
+  ...; the softmax family and layer norm, whose rates are curves over the length of the rows
+  they reduce), ``bmm`` for batched matmuls (a curve of the matmul rate's share over the FLOPs
+  of one product, :func:`op_size`), ``attention``/``attention_causal`` for the fused attention
+  kernels (a share of the matmul rate), what ``pow`` becomes for its exponent, or else its
+  class (:func:`op_class`: plain element-wise/copy, element-wise with a strided or broadcast
+  operand, transcendental, softmax, reduction, normalisation, random draw). No op that moves
+  bytes costs zero. :func:`node_time_s` prices one node. The default of :func:`remat.trace`
+  (``cost=None``) is the roofline of the device the step targets: the measured local CPU for
+  ``target="cpu"``.
 * ``"measure"``: each node runs on the local device (real tensors, the joint graph executed
   once node by node); its time is the median of ``repeats`` timed calls of the op itself, after
   one untimed warm-up call. The graph carries the measured CPU profile (for the host-link
@@ -24,6 +27,7 @@ thread's CPU time). The local CPU's profile is :func:`remat.tracer.profile.cpu_p
 
 from __future__ import annotations
 
+import math
 import operator
 import statistics
 from typing import Any
@@ -156,7 +160,8 @@ def op_class(op: str) -> str:
 
 def cost_key(fx: torch.fx.Node, profile: DeviceProfile) -> str:
     """The key of ``profile`` that prices FX node ``fx``: the op's own name where the profile
-    measured it, ``"attention"``/``"attention_causal"`` for the fused attention kernels, what
+    measured it (a figure or a curve), ``"bmm"`` for batched matmuls where the profile has
+    their curve, ``"attention"``/``"attention_causal"`` for the fused attention kernels, what
     ``pow`` turns into for its exponent, else the op's class (:func:`op_class`)."""
     name = str(fx.target).removeprefix("aten.")
     base = name.split(".", 1)[0]
@@ -168,12 +173,71 @@ def cost_key(fx: torch.fx.Node, profile: DeviceProfile) -> str:
     if base == "pow" and len(fx.args) == 2 and isinstance(fx.args[1], (int, float)):
         as_ = _POW_AS.get(float(fx.args[1]), "pow")
         return as_ if as_ in measured or as_ == "elementwise" else op_class(f"aten.{base}")
-    if base in _OP_PROBES and base in measured:
+    if base in ("bmm", "baddbmm") and "bmm" in profile.op_efficiency_curves:
+        return "bmm"
+    if (base in _OP_PROBES and base in measured) or base in profile.op_bandwidth_curves:
         return base
     cls = op_class(f"aten.{name}")
     if cls == "elementwise" and "elementwise_strided" in measured and _strided(fx):
         return "elementwise_strided"
     return cls
+
+
+def op_size(fx: torch.fx.Node, key: str) -> float | None:
+    """The size that picks the rate on the profile's curve of ``key`` for FX node ``fx``: the
+    FLOPs of one product of a batched matmul (``"bmm"``), the length of the rows a softmax or
+    layer norm reduces; None for other ops (or when the shapes are not known)."""
+    base = str(fx.target).removeprefix("aten.").split(".", 1)[0]
+    try:
+        if key == "bmm":
+            a, b = (x.meta.get("val") for x in fx.all_input_nodes[-2:])
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+                return None
+            return 2.0 * int(a.shape[-2]) * int(a.shape[-1]) * int(b.shape[-1])
+        if base in _ROW_ARGS:
+            at_x, at_dim = _ROW_ARGS[base]
+            x = fx.args[at_x].meta.get("val")  # type: ignore[union-attr]
+            dim = fx.args[at_dim]
+            if isinstance(dim, (list, tuple)):  # a norm's normalized_shape
+                return float(math.prod(int(d) for d in dim))
+            return float(x.shape[int(dim)])  # type: ignore[arg-type,union-attr]
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+_ROW_ARGS = {
+    "_softmax": (0, 1),
+    "_safe_softmax": (0, 1),
+    "_log_softmax": (0, 1),
+    "_softmax_backward_data": (0, 2),
+    "_log_softmax_backward_data": (0, 2),
+    "native_layer_norm": (0, 1),
+    "native_layer_norm_backward": (0, 2),
+}
+"""Row ops: the positions of (the tensor, its reduced dim or normalized shape) in the args."""
+
+
+def node_time_s(
+    fx: torch.fx.Node,
+    flops: float,
+    profile: DeviceProfile,
+    *,
+    moved: float | None = None,
+    dtype: str | None = None,
+) -> float:
+    """The roofline time of FX node ``fx`` (``flops`` FLOPs) on ``profile``: the rates of its
+    :func:`cost_key` at its :func:`op_size`, its bytes (:func:`bytes_moved` unless given) and
+    its dtype (the first floating-point tensor it reads or writes unless given)."""
+    key = cost_key(fx, profile)
+    return roofline_time_s(
+        profile,
+        flops,
+        bytes_moved(fx) if moved is None else moved,
+        _main_dtype(fx) if dtype is None else dtype,
+        key,
+        op_size(fx, key),
+    )
 
 
 def _strided(fx: torch.fx.Node) -> bool:
@@ -322,10 +386,7 @@ def apply_costs(
         device = resolved
         times = {}
         for node in graph.nodes:
-            fx = cap.node_fx[node.id]
-            times[node.id] = roofline_time_s(
-                device, node.flops, bytes_moved(fx), _main_dtype(fx), cost_key(fx, device)
-            )
+            times[node.id] = node_time_s(cap.node_fx[node.id], node.flops, device)
     nodes = [n.model_copy(update={"time_s": float(times.get(n.id, 0.0))}) for n in graph.nodes]
     return Graph(
         name=graph.name,

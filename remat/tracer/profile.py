@@ -3,7 +3,9 @@
 :func:`cpu_profile` is measured at first use with the threads torch uses (a float32 matmul, a
 large copy, the per-op overhead of an ATen call from Python, a 4 MiB tensor through an op of
 each class and each op of :data:`_OP_PROBES`, read cold from 64 MiB of inputs as a step reads
-its activations, and the fused attention kernel; medians of a few repeats, a few seconds) and
+its activations, the softmax and layer-norm ops on rows of each of :data:`_ROW_LENGTHS`,
+batched matmuls of the shapes :data:`_BMM_SHAPES`, and the fused attention kernel; medians of
+a few repeats, about two seconds) and
 cached as JSON under ``$REMAT_CACHE_DIR`` or ``~/.cache/remat``, one profile per machine, torch
 version and thread count; a process uses the first profile it reads or measures throughout.
 
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 
 from remat.ir import DeviceProfile
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 """Bumped when :func:`measure_cpu_profile` measures something new (old caches are re-measured)."""
 
 
@@ -88,11 +90,59 @@ _OP_PROBES: dict[str, tuple[Callable[[torch.Tensor], Any], int]] = {
 }
 
 
+_ROW_LENGTHS = (32, 128, 512, 2048)
+"""Row lengths the row-reducing ops of :data:`_ROW_PROBES` are measured at (rows of a 4 MiB
+tensor): a softmax or layer norm over short rows runs at a fraction of its long-row rate."""
+
+
+def _row_probes(length: int, dev: torch.device) -> dict[str, Callable[[Any, Any], Any]]:
+    """The ops measured on rows of ``length`` (read ``x``, and ``y`` where they read two
+    tensors), by base name."""
+    aten = torch.ops.aten
+    w = torch.ones(length, device=dev)
+    rows = 2**20 // length
+    mean = torch.zeros(rows, 1, device=dev)
+    rstd = torch.ones(rows, 1, device=dev)
+    f32 = torch.float32
+    return {
+        "_softmax": lambda x, y: aten._softmax(x, -1, False),
+        "_safe_softmax": lambda x, y: aten._safe_softmax(x, -1),
+        "_log_softmax": lambda x, y: aten._log_softmax(x, -1, False),
+        "_softmax_backward_data": lambda x, y: aten._softmax_backward_data(x, y, -1, f32),
+        "_log_softmax_backward_data": lambda x, y: aten._log_softmax_backward_data(x, y, -1, f32),
+        "native_layer_norm": lambda x, y: aten.native_layer_norm(x, [length], w, w, 1e-5),
+        "native_layer_norm_backward": lambda x, y: aten.native_layer_norm_backward(
+            x, y, [length], mean, rstd, w, w, [True, True, True]
+        ),
+    }
+
+
+_BMM_SHAPES = ((64, 16, 64), (128, 32, 128), (256, 64, 256), (512, 128, 512))
+"""Batched matmuls the profile measures, (m, k, n) of one product of the batch (attention's
+score shapes: rows, head size, columns), each batched to 2**26 FLOPs: the curve of ``"bmm"``
+by the FLOPs of one product."""
+
+
+def _tensor_bytes(*objs: Any) -> int:
+    """Bytes of the tensors among ``objs`` (nested in tuples and lists), as the roofline counts
+    an op's reads and writes."""
+    total = 0
+    for o in objs:
+        if isinstance(o, torch.Tensor):
+            total += o.numel() * o.element_size()
+        elif isinstance(o, (tuple, list)):
+            total += _tensor_bytes(*o)
+    return total
+
+
 def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfile:
-    """Measure this machine's profile (about a second): float32 matmul rate, copy bandwidth,
+    """Measure this machine's profile (about two seconds): float32 matmul rate, copy bandwidth,
     per-op overhead, the effective bandwidth of each op class and of the ops in
     :data:`_OP_PROBES` on a 4 MiB tensor (the allocation of the result included, as in a real
-    step) and, on a CPU, the fraction of the matmul rate the fused attention kernel reaches.
+    step), the curves of the row ops by row length (``op_bandwidth_curves``) and of batched
+    matmuls by the FLOPs of one product (``op_efficiency_curves["bmm"]``, a share of the matmul
+    rate, at most 1) and, on a CPU, the fraction of the matmul rate the fused attention kernel
+    reaches.
     Times are this thread's CPU time when torch uses one thread (:func:`op_clock`), so a busy
     machine does not make the profile slow. ``device="cuda"`` measures the local GPU the same
     way."""
@@ -148,6 +198,30 @@ def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfi
     for cls, (fn, moved) in probes.items():
         t = med(fn)
         per_class[cls] = moved / max(t - per_call, t / 2)
+
+    def rowwise(op: Callable[[Any, Any], Any], n: int) -> Callable[[], Any]:
+        return lambda: op(xs[next(turn)].view(-1, n), xs[next(turn)].view(-1, n))
+
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for length in _ROW_LENGTHS:
+        for op_name, row_op in _row_probes(length, dev).items():
+            x, y = xs[0].view(-1, length), xs[1].view(-1, length)
+            reads = (x, y) if "backward" in op_name else (x,)  # a gradient and a saved tensor
+            moved = _tensor_bytes(*reads, row_op(x, y))
+
+            t = med(rowwise(row_op, length))
+            rows.setdefault(op_name, []).append((float(length), moved / max(t - per_call, t / 2)))
+    curves: dict[str, list[tuple[float, float]]] = {"bmm": []}
+    for m, k, n in _BMM_SHAPES:
+        one = 2.0 * m * k * n
+        batch = max(1, int(2**26 // one))
+        ab = [
+            (torch.randn(batch, m, k, device=dev), torch.randn(batch, k, n, device=dev))
+            for _ in range(2)
+        ]
+        pick = itertools.cycle(ab)
+        t = med(lambda p=pick: torch.bmm(*next(p)))
+        curves["bmm"].append((one, min(1.0, batch * one / max(t - per_call, t / 2) / flops)))
     efficiency = {}
     if dev.type == "cpu":
         # The fused attention kernel at a decoder's shape (batch 4, 4 heads, 256 positions,
@@ -176,6 +250,8 @@ def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfi
         op_overhead_s=per_call,
         op_bandwidth_bytes_per_s=per_class,
         op_compute_efficiency=efficiency,
+        op_bandwidth_curves={k: tuple(v) for k, v in rows.items()},
+        op_efficiency_curves={k: tuple(v) for k, v in curves.items()},
     )
 
 

@@ -15,7 +15,13 @@ from remat.ir import DeviceProfile, get_profile
 from remat.ir.devices import roofline_time_s
 from remat.tracer import capture, cpu_profile, node_flops, resolve_cost, trace, trace_capture
 from remat.tracer import profile as profiles
-from remat.tracer.costs import FLOPS_SECONDS_PER_FLOP, bytes_moved, cost_key, op_class
+from remat.tracer.costs import (
+    FLOPS_SECONDS_PER_FLOP,
+    bytes_moved,
+    cost_key,
+    op_class,
+    op_size,
+)
 from remat.tracer.profile import op_clock
 
 aten = torch.ops.aten
@@ -164,14 +170,25 @@ def test_default_cost_is_the_local_cpu_roofline(tmp_path, monkeypatch) -> None:
     classes |= {"norm", "random"}
     assert set(profile.op_bandwidth_bytes_per_s) == classes | set(profiles._OP_PROBES)
     assert set(profile.op_compute_efficiency) == {"attention", "attention_causal"}
+    assert set(profile.op_bandwidth_curves) == set(profiles._row_probes(8, torch.device("cpu")))
+    for points in profile.op_bandwidth_curves.values():
+        assert [size for size, _ in points] == list(profiles._ROW_LENGTHS)
+    bmm_sizes = [2.0 * m * k * n for m, k, n in profiles._BMM_SHAPES]
+    assert [size for size, _ in profile.op_efficiency_curves["bmm"]] == bmm_sizes
+    assert all(0 < eff <= 1 for _, eff in profile.op_efficiency_curves["bmm"])
     cap = trace_capture(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1, n_heads=2))
     assert cap.graph.device == profile
+    keys = set()
     for n in cap.graph.nodes:
         fx = cap.node_fx[n.id]
         moved = bytes_moved(fx)
-        expected = roofline_time_s(profile, n.flops, moved, "float32", cost_key(fx, profile))
+        key = cost_key(fx, profile)
+        keys.add(key)
+        expected = roofline_time_s(profile, n.flops, moved, "float32", key, op_size(fx, key))
         assert n.time_s == pytest.approx(expected)
         assert n.time_s > 0
+    # the example's attention (dropout on: the math path) by its measured curves
+    assert {"bmm", "_safe_softmax", "_softmax_backward_data", "native_layer_norm"} <= keys
 
 
 def test_copies_and_elementwise_ops_cost_bytes_over_bandwidth(monkeypatch) -> None:

@@ -41,7 +41,7 @@ from torch.utils import _pytree as pytree
 
 from remat.ir import DeviceProfile, Graph, Node, Value
 from remat.ir.devices import roofline_time_s
-from remat.tracer.costs import bytes_moved, resolve_cost
+from remat.tracer.costs import bytes_moved, node_time_s, resolve_cost
 from remat.tracer.flops import node_flops
 from remat.tracer.fx_to_ir import (
     aliased_input,
@@ -313,7 +313,11 @@ def joint_to_ir(
                 moved, _ = _int(bytes_moved(fx))
             except Exception:
                 moved = 0
-            d["time_s"] = float(roofline_time_s(device, d["flops"], moved, _dtype_of(fx)))
+            try:  # the op's own rates, as the tracer's default prices it
+                t = node_time_s(fx, d["flops"], device, moved=moved, dtype=_dtype_of(fx))
+            except Exception:  # shapes it cannot read (symbolic): the plain roofline
+                t = roofline_time_s(device, d["flops"], moved, _dtype_of(fx))
+            d["time_s"] = float(t)
         else:
             d["time_s"] = d["flops"] * 1e-12
         if not math.isfinite(d["time_s"]):

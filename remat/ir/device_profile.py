@@ -1,0 +1,140 @@
+"""The cost profile of one device: the rates a roofline prices ops at.
+
+Kept apart from :mod:`remat.ir.graph` (which re-exports it), as a graph carries one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Rate = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+Curve = tuple[tuple[Rate, Rate], ...]
+"""Measured points ``(size, rate)`` of one key, by increasing size."""
+
+
+class DeviceProfile(BaseModel):
+    """The cost profile a graph's times were made for (a roofline of one accelerator).
+
+    Attributes
+    ----------
+    name
+        e.g. ``"h100-sxm"`` or ``"cpu-local"``.
+    peak_flops_per_s
+        Peak dense FLOP/s per dtype name (``"float32"``, ``"bfloat16"``, ...).
+    memory_bandwidth_bytes_per_s
+        Device memory bandwidth.
+    host_bandwidth_bytes_per_s
+        One-direction bandwidth of the host link, used for offload and prefetch.
+    memory_bytes
+        Device memory capacity, when known.
+    op_overhead_s
+        Fixed time of one op call (dispatch on a CPU, kernel launch on a GPU), added to every
+        op's roofline time; 0 for the datasheet profiles, which do not state one.
+    op_bandwidth_bytes_per_s
+        Effective bandwidth of memory-bound op classes (``"elementwise"``, ``"transcendental"``,
+        ``"softmax"``, ``"random"``; see :func:`remat.ir.devices.roofline_time_s`) where they
+        differ from ``memory_bandwidth_bytes_per_s`` (measured for the local CPU). A key may
+        also be one op's base name (``"tanh"``, ``"silu_backward"``), measured on its own.
+    op_compute_efficiency
+        Fraction of the dtype's peak FLOP/s that compute-bound op kinds reach, where it is not
+        the matrix product's (measured for the local CPU: ``"attention"`` and
+        ``"attention_causal"``, the fused attention kernels, whose causal FLOPs count half).
+    op_bandwidth_curves
+        Effective bandwidth of a key as a function of the op's size, where one figure does not
+        fit every size (measured for the local CPU: the softmax and layer-norm ops by the length
+        of the rows they reduce, ``"_safe_softmax"``, ``"native_layer_norm"``, ...). Points
+        ``(size, bytes/s)``; between two points the rate is interpolated on log(size), beyond
+        the ends it is the end's. A curve is used for an op whose size is known, in place of
+        the key's figure in ``op_bandwidth_bytes_per_s``.
+    op_efficiency_curves
+        The same for compute efficiency (a fraction of the peak FLOP/s): measured for the local
+        CPU, ``"bmm"``, batched matrix products, by the FLOPs of one matrix product of the batch
+        (small products run far below the large matmul's rate).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    peak_flops_per_s: dict[str, float]
+    memory_bandwidth_bytes_per_s: float
+    host_bandwidth_bytes_per_s: float
+    memory_bytes: int | None = None
+    op_overhead_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    op_bandwidth_bytes_per_s: dict[str, Rate] = Field(default_factory=dict)
+    op_compute_efficiency: dict[str, Rate] = Field(default_factory=dict)
+    op_bandwidth_curves: dict[str, Curve] = Field(default_factory=dict)
+    op_efficiency_curves: dict[str, Curve] = Field(default_factory=dict)
+
+    @field_validator("op_bandwidth_curves", "op_efficiency_curves")
+    @classmethod
+    def _sorted_points(cls, curves: dict[str, Curve]) -> dict[str, Curve]:
+        for key, points in curves.items():
+            if not points:
+                raise ValueError(f"curve {key!r} has no points")
+            sizes = [s for s, _ in points]
+            if any(b <= a for a, b in itertools.pairwise(sizes)):
+                raise ValueError(f"curve {key!r}: sizes must increase, got {sizes}")
+        return curves
+
+    def knows(self, key: str) -> bool:
+        """Whether ``key`` has a rate of its own here (a figure or a curve)."""
+        return any(
+            key in rates
+            for rates in (
+                self.op_bandwidth_bytes_per_s,
+                self.op_compute_efficiency,
+                self.op_bandwidth_curves,
+                self.op_efficiency_curves,
+            )
+        )
+
+    def bandwidth_bytes_per_s(self, op_class: str | None, size: float | None = None) -> float:
+        """Effective bandwidth of ``op_class`` (at ``size``, where it has a curve), else the
+        memory bandwidth."""
+        if op_class is None:
+            return self.memory_bandwidth_bytes_per_s
+        if size is not None and op_class in self.op_bandwidth_curves:
+            return interpolate(self.op_bandwidth_curves[op_class], size)
+        if op_class in self.op_bandwidth_bytes_per_s:
+            return self.op_bandwidth_bytes_per_s[op_class]
+        return self.memory_bandwidth_bytes_per_s
+
+    def flops_per_s(
+        self, dtype: str | None, op_class: str | None = None, size: float | None = None
+    ) -> float:
+        """FLOP/s for ``dtype`` (its peak, falling back to float32, then to the slowest listed),
+        times the compute efficiency of ``op_class`` (at ``size``, where it has a curve) when
+        the profile lists one."""
+        eff = 1.0
+        if op_class is not None:
+            if size is not None and op_class in self.op_efficiency_curves:
+                eff = interpolate(self.op_efficiency_curves[op_class], size)
+            else:
+                eff = self.op_compute_efficiency.get(op_class, 1.0)
+        return eff * self._peak_flops_per_s(dtype)
+
+    def _peak_flops_per_s(self, dtype: str | None) -> float:
+        if dtype is not None and dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        if "float32" in self.peak_flops_per_s:
+            return self.peak_flops_per_s["float32"]
+        return min(self.peak_flops_per_s.values())
+
+
+def interpolate(points: Curve, size: float) -> float:
+    """The rate of ``points`` at ``size``: linear in log(size) between the two points around
+    it, the end point's rate beyond either end."""
+    sizes = [s for s, _ in points]
+    i = bisect.bisect_left(sizes, size)
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (s0, r0), (s1, r1) = points[i - 1], points[i]
+    w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+    return r0 + w * (r1 - r0)
