@@ -190,7 +190,8 @@ def op_size(fx: torch.fx.Node, key: str) -> float | None:
     base = str(fx.target).removeprefix("aten.").split(".", 1)[0]
     try:
         if key == "bmm":
-            a, b = (x.meta.get("val") for x in fx.all_input_nodes[-2:])
+            at = 1 if base == "baddbmm" else 0  # baddbmm(input, batch1, batch2)
+            a, b = (x.meta.get("val") for x in fx.args[at : at + 2])  # type: ignore[union-attr]
             if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
                 return None
             return 2.0 * int(a.shape[-2]) * int(a.shape[-1]) * int(b.shape[-1])

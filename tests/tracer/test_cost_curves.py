@@ -53,6 +53,7 @@ def test_keys_and_sizes_of_batched_matmuls_and_row_ops() -> None:
         lambda a, b, c, x: (
             torch.bmm(a, b),
             torch.baddbmm(c, a, b),
+            torch.bmm(c, c.transpose(1, 2)),  # one tensor twice
             aten._safe_softmax(x, -1),
             aten._softmax(x, 1, False),
             aten._log_softmax_backward_data(x, x, 2, torch.float32),
@@ -70,7 +71,8 @@ def test_keys_and_sizes_of_batched_matmuls_and_row_ops() -> None:
         ("aten.bmm.default", "bmm", per_product),
         ("aten.baddbmm.default", "bmm", per_product),
     ]
-    assert [(key, size) for _, key, size in got[2:]] == [
+    assert got[3] == ("aten.bmm.default", "bmm", 2.0 * 128 * 64 * 128)  # after the transpose
+    assert [(key, size) for _, key, size in got[4:]] == [
         ("_safe_softmax", 128.0),
         ("_softmax", 16.0),  # over dim 1
         ("_log_softmax_backward_data", 128.0),
@@ -79,7 +81,11 @@ def test_keys_and_sizes_of_batched_matmuls_and_row_ops() -> None:
     ]
     # A profile without curves (a datasheet GPU) prices them by their class, as before.
     h100 = get_profile("h100")
-    assert [cost_key(n, h100) for n in nodes[:3]] == ["elementwise", "elementwise", "softmax"]
+    assert [cost_key(nodes[i], h100) for i in (0, 1, 4)] == [
+        "elementwise",
+        "elementwise",
+        "softmax",
+    ]
 
 
 def test_a_fixed_profile_prices_attention_by_its_shapes() -> None:
