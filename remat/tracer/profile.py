@@ -47,22 +47,28 @@ def op_clock(device: str = "cpu") -> Callable[[], float]:
     return time.perf_counter
 
 
-def _median_time(
-    fn: Callable[[], Any],
+def _median_times(
+    fns: dict[str, Callable[[], Any]],
     repeats: int,
     *,
     sync: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    fn()  # warm-up: first-call allocations and lazy initialisation are not the op's cost
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = clock()
+) -> dict[str, float]:
+    """The median time of each of ``fns``, timed in turns: one warm-up round (first-call
+    allocations and lazy initialisation are not the op's cost), then ``repeats`` rounds of
+    every probe, so that a burst of another process's work on a shared machine slows one
+    sample of every probe rather than every sample of one."""
+    for fn in fns.values():
         fn()
-        sync()
-        times.append(clock() - t0)
-    return statistics.median(times)
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = clock()
+            fn()
+            sync()
+            times[name].append(clock() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 # Ops whose effective bandwidth the profile measures on their own (a 4 MiB float32 tensor,
@@ -151,24 +157,19 @@ def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfi
         (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     )
     clock = op_clock(dev.type)
-
-    def med(fn: Callable[[], Any]) -> float:
-        return _median_time(fn, repeats, sync=sync, clock=clock)
-
+    timed: dict[str, Callable[[], Any]] = {}  # every probe, by name; timed in turns below
     n = 512 if dev.type == "cpu" else 4096
     a = torch.randn(n, n, device=dev)
     b = torch.randn(n, n, device=dev)
-    mm_s = med(lambda: torch.mm(a, b))
-    flops = 2 * n**3 / mm_s
+    timed["mm"] = lambda: torch.mm(a, b)
     src = torch.empty(16 * 2**20 // 4, device=dev)  # 16 MiB
     dst = torch.empty_like(src)
-    copy_s = med(lambda: dst.copy_(src))
-    bandwidth = 2 * src.numel() * 4 / copy_s  # read + write
+    timed["copy"] = lambda: dst.copy_(src)
     one = torch.ones(1, device=dev)
     calls = 100
     # Ops are called as the executor calls them: an ATen overload from Python.
     add = torch.ops.aten.add.Tensor
-    per_call = med(lambda: [add(one, one) for _ in range(calls)]) / calls
+    timed["call"] = lambda: [add(one, one) for _ in range(calls)]
     # Inputs are cold, as the activations a training step reads are: each call reads the next
     # of 16 tensors of 4 MiB (64 MiB, more than a CPU's last-level cache), positive (log, sqrt:
     # no NaN paths).
@@ -194,54 +195,71 @@ def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfi
     }
     for name, (op, tensors) in _OP_PROBES.items():
         probes[name] = (cold(op), tensors * nbytes)
-    per_class = {}
-    for cls, (fn, moved) in probes.items():
-        t = med(fn)
-        per_class[cls] = moved / max(t - per_call, t / 2)
+    for cls, (fn, _) in probes.items():
+        timed[f"class:{cls}"] = fn
 
     def rowwise(op: Callable[[Any, Any], Any], n: int) -> Callable[[], Any]:
         return lambda: op(xs[next(turn)].view(-1, n), xs[next(turn)].view(-1, n))
 
-    rows: dict[str, list[tuple[float, float]]] = {}
+    row_bytes: dict[tuple[str, int], int] = {}
     for length in _ROW_LENGTHS:
         for op_name, row_op in _row_probes(length, dev).items():
             x, y = xs[0].view(-1, length), xs[1].view(-1, length)
             reads = (x, y) if "backward" in op_name else (x,)  # a gradient and a saved tensor
-            moved = _tensor_bytes(*reads, row_op(x, y))
-
-            t = med(rowwise(row_op, length))
-            rows.setdefault(op_name, []).append((float(length), moved / max(t - per_call, t / 2)))
-    curves: dict[str, list[tuple[float, float]]] = {"bmm": []}
-    for m, k, n in _BMM_SHAPES:
-        one = 2.0 * m * k * n
-        batch = max(1, int(2**26 // one))
-        ab = [
-            (torch.randn(batch, m, k, device=dev), torch.randn(batch, k, n, device=dev))
-            for _ in range(2)
-        ]
-        pick = itertools.cycle(ab)
-        t = med(lambda p=pick: torch.bmm(*next(p)))
-        curves["bmm"].append((one, min(1.0, batch * one / max(t - per_call, t / 2) / flops)))
-    efficiency = {}
+            row_bytes[(op_name, length)] = _tensor_bytes(*reads, row_op(x, y))
+            timed[f"row:{op_name}:{length}"] = rowwise(row_op, length)
+    bmm_flops: dict[str, tuple[float, float]] = {}  # probe: (FLOPs of one product, of all)
+    for m, k, n_ in _BMM_SHAPES:
+        batch = max(1, int(2**26 // (2 * m * k * n_)))
+        bmm_flops[f"bmm:{m}:{k}:{n_}"] = (2.0 * m * k * n_, 2.0 * batch * m * k * n_)
+        pick = itertools.cycle(
+            [
+                (torch.randn(batch, m, k, device=dev), torch.randn(batch, k, n_, device=dev))
+                for _ in range(2)
+            ]
+        )
+        timed[f"bmm:{m}:{k}:{n_}"] = lambda p=pick: torch.bmm(*next(p))
     if dev.type == "cpu":
         # The fused attention kernel at a decoder's shape (batch 4, 4 heads, 256 positions,
         # head size 64), forward and backward together, against the FLOPs the tracer counts.
         q = torch.randn(4, 4, 256, 64, device=dev)
         fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
         bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-        for key, causal in (("attention", False), ("attention_causal", True)):
+        for causal in (False, True):
             out, lse = fwd(q, q, q, 0.0, causal)
-            t = med(lambda c=causal: fwd(q, q, q, 0.0, c)) + med(
-                lambda c=causal, o=out, s=lse: bwd(o, q, q, q, o, s, 0.0, c)
+            timed[f"attention_fwd:{causal}"] = lambda c=causal: fwd(q, q, q, 0.0, c)
+            timed[f"attention_bwd:{causal}"] = lambda c=causal, o=out, s=lse: bwd(
+                o, q, q, q, o, s, 0.0, c
             )
-            counted = 3.5 * 4 * q.numel() * q.shape[2] / (2 if causal else 1)  # fwd + 2.5x
-            efficiency[key] = min(1.0, counted / max(t - 2 * per_call, t / 2) / flops)
-    name = "cpu-local" if dev.type == "cpu" else f"{dev.type}-local"
-    host = bandwidth
     if dev.type == "cuda":
         h = torch.empty(src.numel(), pin_memory=True)
-        up_s = med(lambda: src.copy_(h, non_blocking=True))
-        host = src.nbytes / up_s
+        timed["host"] = lambda: src.copy_(h, non_blocking=True)
+
+    t = _median_times(timed, repeats, sync=sync, clock=clock)
+    flops = 2 * n**3 / t["mm"]
+    bandwidth = 2 * src.numel() * 4 / t["copy"]  # read + write
+    per_call = t["call"] / calls
+
+    def rate(amount: float, time_s: float, ops: int = 1) -> float:
+        """``amount`` (bytes or FLOPs) per second of the op's own time (less the call cost)."""
+        return amount / max(time_s - ops * per_call, time_s / 2)
+
+    per_class = {cls: rate(moved, t[f"class:{cls}"]) for cls, (_, moved) in probes.items()}
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for (op_name, length), moved in row_bytes.items():
+        bw = rate(moved, t[f"row:{op_name}:{length}"])
+        rows.setdefault(op_name, []).append((float(length), bw))
+    bmm = tuple(
+        (one, min(1.0, rate(all_, t[key]) / flops)) for key, (one, all_) in bmm_flops.items()
+    )
+    efficiency = {}
+    if dev.type == "cpu":
+        for key, causal in (("attention", False), ("attention_causal", True)):
+            counted = 3.5 * 4 * q.numel() * q.shape[2] / (2 if causal else 1)  # fwd + 2.5x
+            both = t[f"attention_fwd:{causal}"] + t[f"attention_bwd:{causal}"]
+            efficiency[key] = min(1.0, rate(counted, both, ops=2) / flops)
+    host = src.nbytes / t["host"] if dev.type == "cuda" else bandwidth
+    name = "cpu-local" if dev.type == "cpu" else f"{dev.type}-local"
     return DeviceProfile(
         name=name,
         peak_flops_per_s={"float32": flops},
@@ -251,7 +269,7 @@ def measure_cpu_profile(*, repeats: int = 5, device: str = "cpu") -> DeviceProfi
         op_bandwidth_bytes_per_s=per_class,
         op_compute_efficiency=efficiency,
         op_bandwidth_curves={k: tuple(v) for k, v in rows.items()},
-        op_efficiency_curves={k: tuple(v) for k, v in curves.items()},
+        op_efficiency_curves={"bmm": bmm},
     )
 
 
