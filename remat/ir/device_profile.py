@@ -6,15 +6,14 @@ Kept apart from :mod:`remat.ir.graph` (which re-exports it), as a graph carries 
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Rate = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-Curve = tuple[tuple[Rate, Rate], ...]
-"""Measured points ``(size, rate)`` of one key, by increasing size."""
+Curve = Annotated[tuple[tuple[Rate, Rate], ...], Field(min_length=1)]
+"""Measured points ``(size, rate)`` of one key (kept by increasing size)."""
 
 
 class DeviceProfile(BaseModel):
@@ -72,14 +71,10 @@ class DeviceProfile(BaseModel):
 
     @field_validator("op_bandwidth_curves", "op_efficiency_curves")
     @classmethod
-    def _sorted_points(cls, curves: dict[str, Curve]) -> dict[str, Curve]:
-        for key, points in curves.items():
-            if not points:
-                raise ValueError(f"curve {key!r} has no points")
-            sizes = [s for s, _ in points]
-            if any(b <= a for a, b in itertools.pairwise(sizes)):
-                raise ValueError(f"curve {key!r}: sizes must increase, got {sizes}")
-        return curves
+    def _by_size(cls, curves: dict[str, Curve]) -> dict[str, Curve]:
+        """Points in any order are kept sorted by size (at a size given twice, the rate of the
+        first of them in that order)."""
+        return {key: tuple(sorted(points, key=lambda p: p[0])) for key, points in curves.items()}
 
     def knows(self, key: str) -> bool:
         """Whether ``key`` has a rate of its own here (a figure or a curve)."""
