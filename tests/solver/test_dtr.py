@@ -8,6 +8,7 @@ counted work.
 from __future__ import annotations
 
 import pytest
+from _clocks import CountingClock
 from _graphs import random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -95,17 +96,6 @@ def test_ample_budget_is_the_eager_plan_time() -> None:
     eager = simulate(g, eager_plan(g))
     assert r.status == "feasible"
     assert r.total_time_s == pytest.approx(eager.total_time_s)
-
-
-class CountingClock:
-    """Advances one unit per reading."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return float(self.reads)
 
 
 def test_the_planner_reads_its_deadline_per_block_of_computes() -> None:

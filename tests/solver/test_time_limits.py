@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from _clocks import CountingClock
 
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.chain import Chain, chain_view
@@ -19,17 +20,6 @@ from remat.solver.rotor import dp_chain, rotor_within
 
 def frac_budget(g: Graph, frac: float) -> int:
     return g.static_bytes + int(frac * simulate(g, eager_plan(g)).peak_dynamic_bytes)
-
-
-class CountingClock:
-    """Advances one unit per reading; counts the readings."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return float(self.reads)
 
 
 def test_deadline_share_and_check() -> None:
