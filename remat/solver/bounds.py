@@ -33,7 +33,7 @@ the class fits.
   restrictions (exact class), where the model is small enough to build and solve in time.
 
 How far below the optimum they lie depends on the family (``benchmarks/bounds.py`` measures
-it against the unrestricted MILP). On small chains the best of them is 0.84-1.00 of the
+it against the unrestricted MILP). On small chains the best of them is 0.84-0.99 of the
 optimum's overhead. On random layered DAGs they are far below it: on a 21-node DAG at 70%
 the optimum is +18.2% over eager (proven) and the best bound +7.8%; on a 29-node one the
 MILP's dual bound is +12.5% and the best bound again +7.8%. None of them counts the memory a
