@@ -47,6 +47,11 @@ class ServiceError(RematError):
         self.detail = detail
 
 
+class ServiceUnreachable(RematError):
+    """No answer from the service: it could not be reached, or the connection failed or timed
+    out (the transport error is the exception's ``__cause__``)."""
+
+
 class JobFailed(RematError):
     """A job ended failed or cancelled; ``job`` is its last state."""
 
@@ -101,7 +106,12 @@ class Client:
         self._http.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        r = self._http.request(method, path, **kw)
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ServiceUnreachable(
+                f"no answer from the service at {self._http.base_url}: {exc}"
+            ) from exc
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail", r.text)

@@ -162,6 +162,9 @@ def test_report_replays_the_plan(
         ["check", "not-a-file-or-spec", "--budget", "1GiB"],
         ["report", "{graph}", "--result", "{graph}"],  # a graph is not a result
         ["frontier", "{bad}"],
+        # nothing listens on the discard port: no answer is one line, not httpx's traceback
+        ["solve", "{graph}", "--budget", "50%", "--url", "http://127.0.0.1:9"],
+        ["solvers", "--url", "http://127.0.0.1:9"],
     ],
 )
 def test_bad_input_exits_2_with_one_line(
