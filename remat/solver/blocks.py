@@ -177,8 +177,8 @@ def _enumerated(
     Given the set ``Y`` run again, the least kept is forced: every saved value whose producer
     is not in ``Y``; ``Y`` is allowed when each of its nodes' in-block inputs is saved or made
     by a node of ``Y``. So the optimum at a cap is the fastest allowed ``Y`` whose forced keep
-    fits it (ties: the smaller keep), the same optimum as the MILP's, found in microseconds
-    on the small blocks of chains and U-Nets where a MILP solve costs tens of milliseconds.
+    fits it (ties: the smaller keep), the same optimum as the MILP's, found in a millisecond or
+    so on the small blocks of chains and U-Nets where a MILP solve costs tens of milliseconds.
     """
     cand = [k for k in range(len(block.time_s)) if block.can_rerun[k]]
     bit = {k: j for j, k in enumerate(cand)}
