@@ -174,7 +174,6 @@ class _Facts:
             if not n.recomputable:
                 for o in node_out[k]:
                     pinned_until[o] = last_use[o] = max(last_use[o], reach[o])
-        input_bytes = sum(size_map[v.id] for v in graph.values if v.kind == "input")
         return cls(
             num_values=len(vid),
             size=size,
@@ -190,7 +189,7 @@ class _Facts:
             backward=[p >= 0 and nodes[p].phase == "backward" for p in producer],
             pinned_until=pinned_until,
             last_use=last_use,
-            input_bytes=input_bytes,
+            input_bytes=graph.input_bytes,
         )
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 
 import pytest
 import torch
+from _fx import fx_nodes
 
 from examples.models import build_gpt
 from remat.ir import DeviceProfile, get_profile
@@ -38,18 +38,11 @@ def _curved() -> DeviceProfile:
     )
 
 
-def _fx_of(fn, *args, mode="fake"):
-    gm = torch.fx.experimental.proxy_tensor.make_fx(fn, tracing_mode=mode)(*args)
-    return [
-        n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
-    ]
-
-
 def test_keys_and_sizes_of_batched_matmuls_and_row_ops() -> None:
     p = _curved()
     a, b = torch.randn(6, 128, 32), torch.randn(6, 32, 64)
     c, x = torch.zeros(6, 128, 64), torch.randn(4, 16, 128)
-    nodes = _fx_of(
+    nodes = fx_nodes(
         lambda a, b, c, x: (
             torch.bmm(a, b),
             torch.baddbmm(c, a, b),
@@ -167,7 +160,7 @@ def test_the_row_probes_count_bytes_as_the_roofline_does() -> None:
         probe_bytes = profiles._tensor_bytes(*reads, op(x, x))
         (node,) = [
             n
-            for n in _fx_of(op, x, x.clone(), mode="real")
+            for n in fx_nodes(op, x, x.clone(), mode="real")
             if str(n.target).startswith("aten._") or "layer_norm" in str(n.target)
         ]
         counted = bytes_moved(node)

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from _fx import fx_nodes
 from torch.utils.flop_counter import FlopCounterMode
 
 from examples.models import build_gpt, build_mlp, build_resnet
@@ -313,15 +314,10 @@ def _measured_profile() -> DeviceProfile:
     )
 
 
-def _fx_of(fn, *args):
-    gm = torch.fx.experimental.proxy_tensor.make_fx(fn, tracing_mode="fake")(*args)
-    return [n for n in gm.graph.nodes if n.op == "call_function"]
-
-
 def test_cost_keys_of_ops_the_profile_measured() -> None:
     p = _measured_profile()
     x = torch.randn(64, 32)
-    nodes = _fx_of(
+    nodes = fx_nodes(
         lambda x: (
             torch.tanh(x),
             torch.pow(x, 2),
@@ -355,7 +351,7 @@ def test_cost_keys_of_ops_the_profile_measured() -> None:
     # A datasheet profile has no per-op keys: classes only, as before.
     h100 = get_profile("h100")
     sq = torch.randn(32, 32)
-    assert {cost_key(n, h100) for n in _fx_of(lambda x: torch.tanh(x) + x.t(), sq)} == {
+    assert {cost_key(n, h100) for n in fx_nodes(lambda x: torch.tanh(x) + x.t(), sq)} == {
         "transcendental",
         "elementwise",
     }
