@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import remat.report  # noqa: F401  (gives results their notebook view; no matplotlib until drawn)
+from remat._version import __version__
 from remat.ir import (
     Graph,
     GraphValidationError,
@@ -26,8 +28,6 @@ from remat.ir import (
     simulate,
 )
 from remat.solver import Frontier, frontier, solve
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Client",

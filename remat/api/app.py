@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from remat import __version__
+from remat._version import __version__
 from remat.api import errors
 from remat.api.jobs_worker import make_pool
 from remat.api.limits import BodyLimit

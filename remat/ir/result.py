@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
@@ -147,13 +147,11 @@ class SolveResult(BaseModel):
         return self
 
     def _repr_html_(self) -> str:
-        """A notebook's view: the memory timeline when the graph is known and matplotlib is
-        installed, else the figures as text."""
-        try:
-            from remat.report.notebook import result_html  # lazily: matplotlib
-        except ImportError:
+        """A notebook's view: the one a higher layer registered with :func:`set_html_view`
+        (``remat.report`` draws the memory timeline), else the figures as text."""
+        if _html_view is None:
             return f"<pre>{html.escape(self.summary_text())}</pre>"
-        return result_html(self, self._drawn_with.graph)
+        return _html_view(self, self._drawn_with.graph)
 
     def summary_text(self) -> str:
         """The result in a few lines of text."""
@@ -261,3 +259,19 @@ class Progress(BaseModel):
     lower_bound_s: float | None = None
     gap: float | None = None
     message: str | None = None
+
+
+HtmlView = Callable[[SolveResult, Graph | None], str]
+"""A notebook view of a result: the result and the graph it was solved on (None when unknown)."""
+
+_html_view: HtmlView | None = None
+
+
+def set_html_view(view: HtmlView | None) -> None:
+    """Make ``view`` what :meth:`SolveResult._repr_html_` shows (None: the figures as text).
+
+    The core draws nothing itself: :mod:`remat.report`, a layer above, registers its timeline
+    view when it is imported (``import remat`` does), so the core never imports it.
+    """
+    global _html_view
+    _html_view = view

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import html
+from typing import TYPE_CHECKING, Any
 
+from remat.ir.result import set_html_view
 from remat.report.data import (
     AliveValue,
     ModuleRow,
@@ -46,11 +48,30 @@ __all__ = [
     "load_frontier",
     "module_of",
     "module_table",
+    "notebook_html",
     "peak_of",
     "point_from_result",
     "render_html",
     "timeline",
 ]
+
+
+if TYPE_CHECKING:
+    from remat.ir import Graph, SolveResult
+
+
+def notebook_html(result: SolveResult, graph: Graph | None) -> str:
+    """A result's notebook view: its memory timeline when matplotlib is installed (the
+    :mod:`remat.report.notebook` page), else its figures as text."""
+    try:
+        from remat.report.notebook import result_html  # lazily: matplotlib
+    except ImportError:
+        return f"<pre>{html.escape(result.summary_text())}</pre>"
+    return result_html(result, graph)
+
+
+# The core (remat.ir) draws nothing; this layer gives its results their notebook view.
+set_html_view(notebook_html)
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from remat import __version__
+from remat._version import __version__
 from remat.api.deps import ServiceDep
 from remat.api.errors import RETRY_AFTER_S
 from remat.api.schemas import Health
