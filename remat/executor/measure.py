@@ -338,7 +338,7 @@ def measure_fake(
     inputs = _tensors(fake_inputs)
     tracker.track(inputs)
     start = len(tracker.events)
-    from remat.tracer.shadow import answering_as_eager
+    from remat.tracer.patches import answering_as_eager
 
     # The model's branches on data-independent tensors (transformers' packed-sequence check)
     # take eager's side, as in the capture.

@@ -15,6 +15,9 @@ that every thread of the process sees (dispatcher kernels, global flags, module 
 * :func:`transformers_sees_tracing`: transformers' ``is_tracing`` guard recognises the
   capture's functional tensors, so its masking code does not read their (absent) data.
 * :func:`grouped_mm_any_dtype`: ``torch._grouped_mm`` traces in float32, as the CPU runs it.
+* :func:`answering_as_eager`: the patches a step run on fake tensors outside a capture needs,
+  with the data-independent tensors' real values (:mod:`remat.tracer.shadow`) answering its
+  data questions.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from remat.tracer.shadow import ShadowMode, Shadows, known, shadowing
 
 # Ops for which torch registers Python decompositions (at CompositeImplicitAutograd or
 # Autograd) that tracing uses but eager CPU does not (eager runs the C++ composite or
@@ -182,8 +187,6 @@ def transformers_sees_tracing(
         return
     from torch._subclasses.functional_tensor import FunctionalTensor
 
-    from remat.tracer.shadow import known
-
     def is_fake_tensor(x: Any) -> bool:
         if known(x):  # a data-independent tensor: eager's answer is known (remat.tracer.shadow)
             return False
@@ -306,3 +309,19 @@ def capture_patches(
         grouped_mm_any_dtype(),
     ):
         yield
+
+
+@contextlib.contextmanager
+def answering_as_eager() -> Iterator[Shadows]:
+    """Data questions on data-independent fake tensors answered as eager answers them, and
+    transformers told so (its ``is_tracing`` guard), for a step run on fake tensors; and
+    ``torch._grouped_mm``'s fake kernel in float32, as the CPU kernel runs it."""
+    shadows = Shadows()
+    with (
+        CAPTURE_LOCK,
+        transformers_sees_tracing(),
+        grouped_mm_any_dtype(),
+        ShadowMode(shadows),
+        shadowing(shadows),
+    ):
+        yield shadows

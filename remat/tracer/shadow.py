@@ -183,28 +183,6 @@ class ShadowMode(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def answering_as_eager() -> Iterator[Shadows]:
-    """Data questions on data-independent fake tensors answered as eager answers them, and
-    transformers told so (its ``is_tracing`` guard), for a step run on fake tensors; and
-    ``torch._grouped_mm``'s fake kernel in float32, as the CPU kernel runs it."""
-    from remat.tracer.patches import (
-        CAPTURE_LOCK,
-        grouped_mm_any_dtype,
-        transformers_sees_tracing,
-    )
-
-    shadows = Shadows()
-    with (
-        CAPTURE_LOCK,
-        transformers_sees_tracing(),
-        grouped_mm_any_dtype(),
-        ShadowMode(shadows),
-        shadowing(shadows),
-    ):
-        yield shadows
-
-
-@contextlib.contextmanager
 def shadowing(shadows: Shadows) -> Iterator[Shadows]:
     """Make ``shadows`` the capture's (what :func:`known` consults)."""
     token = _ACTIVE.set(shadows)
@@ -220,4 +198,4 @@ def known(t: Any) -> bool:
     return shadows is not None and shadows.known(t)
 
 
-__all__ = ["MAX_NUMEL", "ShadowMode", "Shadows", "answering_as_eager", "known", "shadowing"]
+__all__ = ["MAX_NUMEL", "ShadowMode", "Shadows", "known", "shadowing"]
