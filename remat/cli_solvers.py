@@ -14,7 +14,7 @@ def cmd_solvers(args: argparse.Namespace) -> int:
     """The registered solvers (locally, or a service's with --url); one solver's options."""
     import importlib
 
-    from remat.api.tasks import solver_list
+    from remat.solver import solver_listing
 
     if args.url:
         if args.name:
@@ -29,7 +29,7 @@ def cmd_solvers(args: argparse.Namespace) -> int:
                 raise BadInput(f"--plugin: cannot import {module!r}: {exc}") from None
         if args.name:
             return _solver_options(args.name, args.json)
-        listed = solver_list().model_dump()
+        listed = solver_listing()
     if args.json:
         print(json.dumps(listed, indent=1))
         return EXIT_OK
@@ -47,7 +47,6 @@ def cmd_solvers(args: argparse.Namespace) -> int:
 def _solver_options(name: str, as_json: bool) -> int:
     """``remat solvers NAME``: the solver's options with their defaults and descriptions."""
     from remat import solver as solvers
-    from remat.api.tasks import PROGRESS_OPTION
 
     if name not in solvers.available():
         raise BadInput(f"NAME: no solver {name!r} (registered: {', '.join(solvers.available())})")
@@ -60,7 +59,7 @@ def _solver_options(name: str, as_json: bool) -> int:
     print(f"remat solvers: {name} ({si.kind}{', exact' if si.exact else ''}): {si.summary}")
     props: dict[str, Any] = schema.get("properties", {})
     if not props:
-        opts = [o for o in si.options if o != PROGRESS_OPTION]
+        opts = solvers.user_options(si)
         print("  options: " + (", ".join(opts) if opts else "none"))
         return EXIT_OK
     rows = []

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from remat import solver as solvers
 from remat.api.errors import ApiError
-from remat.api.tasks import PROGRESS_OPTION
 
 
 @functools.cache
@@ -37,7 +36,7 @@ def options_model(name: str) -> type[BaseModel]:
     params = inspect.signature(si.fn).parameters
     fields: dict[str, Any] = {}
     for opt in si.options:
-        if opt == PROGRESS_OPTION or opt not in params:
+        if opt == solvers.PROGRESS_OPTION or opt not in params:
             continue
         default = params[opt].default
         hint = hints.get(opt, Any)

@@ -36,7 +36,7 @@ from remat.api.queue import JobQueue
 from remat.api.schemas import MAX_BYTES, FrontierRequest, GraphRef, JobResponse, SolveRequest
 from remat.api.settings import Settings
 from remat.api.store import UNFINISHED, JobKind, JobRecord, Store, StoreUnavailable
-from remat.api.tasks import DEFAULT_FRONTIER, PROGRESS_OPTION
+from remat.api.tasks import DEFAULT_FRONTIER
 from remat.ir import RematError, parse_budget
 
 log = logging.getLogger("remat.api")
@@ -152,8 +152,8 @@ class Service:
         except RematError as exc:
             raise field_error(["body", "solver"], str(exc), "unknown_solver") from None
         for opt in given:
-            if opt not in si.options or opt == PROGRESS_OPTION:
-                known = ", ".join(o for o in si.options if o != PROGRESS_OPTION) or "none"
+            if opt not in solvers.user_options(si):
+                known = ", ".join(solvers.user_options(si)) or "none"
                 raise field_error(
                     ["body", "options", opt],
                     f"solver {chosen!r} has no option {opt!r} (its options: {known})",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remat import solver as solvers
-from remat.api.schemas import SolverDescription, SolverList
+from remat.api.schemas import SolverList
 from remat.ir import Graph, RematError, resolve_budget
 from remat.ir.result import Progress as SolveProgress
 from remat.ir.result import SolveResult, best_result
@@ -104,35 +104,17 @@ def _resolve(graph: Graph, spec: Any, loc: list[str | int]) -> int:
         raise TaskError(loc, str(exc)) from None
 
 
-PROGRESS_OPTION = "progress"
-"""A solver whose signature has a keyword ``progress`` gets a callable to report incumbents:
-``progress(result)`` with a :class:`SolveResult` (its plan, ``lower_bound_s`` and ``gap``). A job
-shows the latest as its progress. Clients cannot set this option."""
-
-
 def solver_list() -> SolverList:
     """The registry as clients see it (``GET /v1/solvers``, ``remat solvers``): each solver's
     kind, exactness, summary and the options a client may set."""
-    return SolverList(
-        default=solvers.default_solver(),
-        solvers=[
-            SolverDescription(
-                name=si.name,
-                kind=si.kind,
-                exact=si.exact,
-                summary=si.summary,
-                options=[o for o in si.options if o != PROGRESS_OPTION],
-            )
-            for si in map(solvers.info, solvers.available())
-        ],
-    )
+    return SolverList.model_validate(solvers.solver_listing())
 
 
 def _solve(
     graph: Graph, budget_bytes: int, task: dict[str, Any], progress: Progress | None = None
 ) -> SolveResult:
     options = dict(task["options"])
-    if progress is not None and PROGRESS_OPTION in solvers.info(task["solver"]).options:
+    if progress is not None and solvers.PROGRESS_OPTION in solvers.info(task["solver"]).options:
         started = time.perf_counter()
 
         def report(r: SolveResult) -> None:
@@ -146,7 +128,7 @@ def _solve(
                 }
             )
 
-        options[PROGRESS_OPTION] = report
+        options[solvers.PROGRESS_OPTION] = report
     on_progress = None
     if progress is not None:
 

@@ -38,9 +38,11 @@ from remat.solver.base import (
     register,
 )
 from remat.solver.frontier import Frontier, frontier
+from remat.solver.listing import PROGRESS_OPTION, solver_listing, user_options
 from remat.solver.problem import Problem, ProgressCallback
 
 __all__ = [
+    "PROGRESS_OPTION",
     "Frontier",
     "InvalidOptionError",
     "PlanFigures",
@@ -58,6 +60,8 @@ __all__ = [
     "info",
     "register",
     "solve",
+    "solver_listing",
+    "user_options",
 ]
 
 

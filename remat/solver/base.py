@@ -190,19 +190,14 @@ def register(
     return deco
 
 
-def _ensure_loaded() -> None:
-    # Solver modules register themselves on import; importing the package imports them all.
-    import remat.solver  # noqa: F401
-
-
 def available() -> list[str]:
-    """Names of the registered solvers, sorted."""
-    _ensure_loaded()
+    """Names of the registered solvers, sorted. The built-in solvers' modules register
+    themselves on import, and importing this module first runs ``remat/solver/__init__.py``,
+    which imports them all: the registry is full before any caller can ask."""
     return sorted(_REGISTRY)
 
 
 def info(name: str) -> SolverInfo:
-    _ensure_loaded()
     try:
         return _REGISTRY[name]
     except KeyError:
