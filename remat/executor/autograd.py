@@ -44,10 +44,10 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from remat.executor.codegen import CodeGen, ident
 from remat.executor.hostmem import HostMemory
 from remat.executor.opexec import (
     ExecutorError,
-    _CodeGen,
     forward_cut,
     plan_to_run,
     simulate_traced,
@@ -89,16 +89,15 @@ def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
     graph: Graph = cap.graph
     sim = simulate_traced(graph, plan)
     cut = forward_cut(cap, plan)
-    gen = _CodeGen(cap, plan, device, cut=cut)
+    gen = CodeGen(cap, plan, device, cut=cut)
     src = gen.generate()
     host = HostMemory(device)
     g = dict(src.globals)
     g["_host"] = host
     g["_probe"] = None
     exec(compile(src.source, f"<remat apply {graph.name}>", "exec"), g)  # our generated source
-    from remat.executor.opexec import _ident
 
-    loss_name = f"v_{_ident(cap.loss_value)}"
+    loss_name = f"v_{ident(cap.loss_value)}"
     reads_loss = any(
         cap.loss_value in graph.node(s.id).inputs for s in plan.steps[cut:] if s.op == "compute"
     )
@@ -334,7 +333,6 @@ def apply(
     loss_fn: LossFn | None = None,
     replan: Replan | None = None,
     mode: str = "op",
-    strict: bool = False,
     capture: Any = None,
     allow_over_budget: bool = False,
 ) -> nn.Module:
@@ -342,7 +340,7 @@ def apply(
 
     ``mode="op"`` (default): op by op inside autograd (see the module docstring).
     ``mode="checkpoint"``: the model's own modules in ``torch.utils.checkpoint`` regions
-    (:func:`remat.executor.module.apply_checkpoint`; ``strict`` is its option).
+    (:func:`remat.executor.module.apply_checkpoint`), for plans of that class only.
     Returns ``model`` itself (its ``forward`` replaced on the instance);
     :func:`remat.executor.remove` undoes it.
 
@@ -374,7 +372,7 @@ def apply(
     _check_budget(result, allow_over_budget)
     if mode == "checkpoint":
         return apply_checkpoint(
-            model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn, strict=strict
+            model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn
         )
     if mode != "op":
         raise ValueError(f"mode must be 'op' or 'checkpoint', got {mode!r}")

@@ -36,7 +36,6 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from remat.executor.hostmem import HostMemory
 from remat.executor.opexec import ExecutorError, plan_to_run
 from remat.ir import Graph, InvalidPlanError, Plan, SolveResult, simulate
 from remat.ir.cuts import block_key
@@ -377,7 +376,6 @@ def _cloning_inputs(forward: Callable[..., Any]) -> Callable[..., Any]:
 @dataclass
 class _Applied:
     plan: ModulePlan
-    host: HostMemory
     originals: dict[str, Any]
 
 
@@ -388,7 +386,6 @@ def apply_checkpoint(
     *,
     example_inputs: Any = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    strict: bool = False,
 ) -> nn.Module:
     """Rewrite ``model`` in place so that its eager training step runs ``result``'s plan.
 
@@ -401,9 +398,6 @@ def apply_checkpoint(
     graph
         The graph the plan was solved on (``remat.trace(model, inputs, loss_fn)``). When None,
         ``example_inputs`` (and ``loss_fn``) are traced again to get it.
-    strict
-        Raise :class:`~remat.executor.ExecutorError` instead of approximating a plan that
-        module-level code cannot express (see :func:`module_plan`).
 
     Returns
     -------
@@ -413,8 +407,8 @@ def apply_checkpoint(
     Raises
     ------
     ExecutorError
-        With ``strict``, when the plan cannot be expressed at module level (the message points
-        to :func:`remat.compile_step`); when no graph is given or the plan is not of it.
+        When no graph is given, the plan is not of it, or the plan is not of the checkpoint
+        class (the message says how to solve for that class or run it op by op).
     """
     plan = plan_to_run(result)
     if graph is None:
@@ -446,9 +440,6 @@ def apply_checkpoint(
         keep = checkpoint_class.cached(graph, r)
         regions.append(Region(r.path, r.nodes, keep, frozenset(r.nodes) - keep))
     mplan = ModulePlan(regions, frozenset(), graph)
-    params = list(model.parameters())
-    device = params[0].device if params else torch.device("cpu")
-    host = HostMemory(device)
     originals: dict[str, Any] = {}
     for region in mplan.regions:
         try:
@@ -461,7 +452,7 @@ def apply_checkpoint(
         originals[region.path] = mod.__dict__.get("forward")
         fwd = _cloning_inputs(mod.forward) if getattr(mod, "inplace", False) else mod.forward
         mod.forward = _checkpointed(fwd, _policy_for(graph, region), list(mod.buffers()))
-    model._remat_applied = _Applied(mplan, host, originals)  # type: ignore[assignment]
+    model._remat_applied = _Applied(mplan, originals)  # type: ignore[assignment]
     return model
 
 
@@ -488,12 +479,6 @@ def remove(model: nn.Module) -> nn.Module:
     return model
 
 
-def host_memory_of(model: nn.Module) -> HostMemory | None:
-    """The host-memory account of a model rewritten by :func:`apply` (offloaded copies)."""
-    applied = getattr(model, "_remat_applied", None)
-    return applied.host if isinstance(applied, _Applied) else None
-
-
 def applied_plan(model: nn.Module) -> ModulePlan | None:
     """The module-level plan applied to ``model``, if any."""
     applied = getattr(model, "_remat_applied", None)
@@ -506,7 +491,6 @@ __all__ = [
     "Region",
     "applied_plan",
     "apply_checkpoint",
-    "host_memory_of",
     "module_plan",
     "remove",
 ]

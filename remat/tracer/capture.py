@@ -53,7 +53,6 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from remat.ir import Graph
 from remat.tracer.eager_frees import (
     eager_forward_frees,
     eager_in_place_nodes,
@@ -61,7 +60,7 @@ from remat.tracer.eager_frees import (
     replay_forward,
 )
 from remat.tracer.errors import TraceError
-from remat.tracer.fx_to_ir import IrMapping, JointSignature, OutputRole, joint_to_ir
+from remat.tracer.fx_to_ir import IrMapping, JointSignature, joint_to_ir
 from remat.tracer.joint_passes import (
     bernoulli_in_memory_order,
     gradients_in_parameter_layout,
@@ -96,7 +95,7 @@ class ModelOutput:
 
 
 @dataclass
-class Capture:
+class Capture(IrMapping):
     """One captured training step: the FX joint graph and its IR graph, with the maps between.
 
     Attributes
@@ -145,25 +144,13 @@ class Capture:
         ``"cpu"`` or ``"cuda"``: whose eager step the graph mirrors (see :func:`capture`).
     """
 
+    # The IR graph and its maps to the FX graph are IrMapping's fields (graph ... output_roles).
     joint: torch.fx.GraphModule
-    graph: Graph
     param_names: list[str]
     buffer_names: list[str]
     num_inputs: int
     input_spec: pytree.TreeSpec
     input_constants: dict[int, Any]
-    node_fx: dict[str, torch.fx.Node]
-    value_fx: dict[str, torch.fx.Node]
-    value_aliases: dict[str, list[torch.fx.Node]]
-    fx_value: dict[str, str]
-    param_values: dict[str, str]
-    buffer_values: dict[str, str]
-    input_values: list[str]
-    tangent_value: str
-    loss_value: str
-    grad_values: dict[str, str]
-    buffer_updates: dict[str, str]
-    output_roles: list[OutputRole]
     require_real: bool
     requires_grad: dict[str, bool] = field(default_factory=dict)
     target: str = "cpu"

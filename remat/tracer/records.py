@@ -119,7 +119,7 @@ class OutputValues:
     kinds: dict[str, ValueKind]
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Capture extends it, and trace() sets its costed graph
 class IrMapping:
     """The IR graph of a joint graph and the maps between them (see :mod:`remat.tracer`)."""
 

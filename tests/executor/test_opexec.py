@@ -92,9 +92,9 @@ def test_recomputed_dropout_replays_its_random_numbers(monkeypatch: pytest.Monke
     assert f"# recompute {recomputed_rng[0]} " in step.source
     _assert_same_grads(run_model, grads)
 
-    from remat.executor import opexec
+    from remat.executor import codegen
 
-    monkeypatch.setattr(opexec._CodeGen, "_replayed", lambda self, counts: set())
+    monkeypatch.setattr(codegen.CodeGen, "_replayed", lambda self, counts: set())
     broken, _, _ = _run("gpt", result)
     assert any(not torch.equal(p.grad, grads[n]) for n, p in broken.named_parameters())
 
