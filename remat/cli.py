@@ -23,6 +23,7 @@ from remat.cli_common import (
     BadInput,
     budget_arg,
     budget_texts,
+    cost_arg,
     format_pct,
     format_secs,
     load_graph,
@@ -44,6 +45,7 @@ from remat.ir import (
     format_bytes,
     simulate,
 )
+from remat.report.check import cost_model_text
 
 # -- commands -----------------------------------------------------------------------------------
 
@@ -62,7 +64,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         print(result.model_dump_json(exclude={"plan"}, indent=1))
     else:
         print(f"remat solve: {args.graph} ({graph.num_nodes} nodes)")
-        print_table(result_rows(result), sys.stdout)
+        print_table([*result_rows(result), ("cost model", cost_model_text(graph))], sys.stdout)
         if args.out:
             print(f"  wrote {args.out}")
     return EXIT_OK if result.fits else EXIT_FAILED
@@ -72,7 +74,7 @@ def _solver_names(arg: str | None) -> list[str]:
     from remat import solver as solvers
 
     if not arg:
-        return [solvers.DEFAULT_SOLVER]
+        return [solvers.default_solver()]
     names = [n.strip() for n in arg.split(",") if n.strip()]
     if not names:
         raise BadInput("--solver: no solver named")
@@ -145,7 +147,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _target_graph(target: str, cost: str, bar: Any = None) -> Graph:
+def _target_graph(target: str, cost: str | None, bar: Any = None) -> Graph:
     if target == "-" or target.endswith(".json") or (Path(target).is_file() and ":" not in target):
         return load_graph(target)
     if ":" not in target:
@@ -190,6 +192,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = [
         ("target", args.target),
         ("graph", f"{graph.num_nodes} nodes, static {format_bytes(graph.static_bytes)}"),
+        ("cost model", cost_model_text(graph)),
         ("no-remat peak", f"{format_bytes(eager_peak)} ({eager_peak} bytes)"),
         *result_rows(result),
         ("smallest budget", "none found" if small is None else format_bytes(small)),
@@ -247,6 +250,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             ("static", format_bytes(s["static_bytes"])),
             ("activations", format_bytes(s["activation_bytes"])),
             ("compute", format_secs(s["compute_time_s"])),
+            ("cost model", cost_model_text(graph)),
             *([("wrote", args.out)] if args.out else []),
         ],
         sys.stdout,
@@ -263,6 +267,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         ("static", format_bytes(s["static_bytes"])),
         ("no-remat peak", f"{format_bytes(eager.peak_bytes)} ({eager.peak_bytes} bytes)"),
         ("no-remat time", format_secs(eager.total_time_s)),
+        ("cost model", cost_model_text(graph)),
     ]
     data: dict[str, Any] = {"graph": s, "no_remat_peak_bytes": eager.peak_bytes}
     if args.result:
@@ -338,6 +343,7 @@ def _service_settings(args: argparse.Namespace, **more: object) -> Any:
 
     try:
         return Settings.from_env(
+            None,  # the process's environment
             db_url=args.db,
             workers=args.workers,
             plugins=tuple(args.plugin) if args.plugin else None,
@@ -434,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-overhead", type=float, metavar="FRAC", help="fail above this extra time, e.g. 0.25"
     )
     solver_args(sp)
-    sp.add_argument("--cost", default="flops", help="trace cost model: flops, measure or a device")
+    cost_arg(sp)
     sp.add_argument("--json", metavar="PATH", help="write a JSON report (a later --baseline)")
     sp.add_argument("--junit", metavar="PATH", help="write a JUnit XML report")
     sp.add_argument(
@@ -466,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("trace", help="trace a model into a graph (needs torch)")
     sp.add_argument("spec", help="e.g. examples/gpt.py:build or package.module:function")
-    sp.add_argument("--cost", default="flops", help="flops, measure or a device profile name")
+    cost_arg(sp)
     sp.add_argument("--out", metavar="GRAPH.json")
     quiet_arg(sp)
     sp.set_defaults(fn=cmd_trace)

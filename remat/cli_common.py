@@ -137,6 +137,17 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     return rows
 
 
+def cost_arg(sp: argparse.ArgumentParser) -> None:
+    """``--cost``: the library's default (``remat.trace``'s ``cost=None``) unless named."""
+    sp.add_argument(
+        "--cost",
+        default=None,
+        help="trace cost model: by default remat.trace's (a roofline of the local CPU, measured "
+        "once per machine, or the target's datasheet); 'flops' (element-wise ops free), "
+        "'measure' (each op timed) or a device profile such as h100",
+    )
+
+
 def plot_file(text: str) -> str:
     """``--plot``: a path ending in .svg or .png (checked before any work)."""
     if Path(text).suffix.lower() not in (".svg", ".png"):

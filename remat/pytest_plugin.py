@@ -40,15 +40,16 @@ class RematBudget:
         max_overhead: float | None = None,
         solver: str | None = None,
         time_limit_s: float | None = 60.0,
-        cost: Any = "flops",
+        cost: Any = None,
     ) -> Any:
         """Trace ``model`` on ``inputs`` with ``loss_fn``, solve it within ``budget`` and fail
         the test when no plan fits or its overhead exceeds ``max_overhead`` (0.3: 30% extra
         time). Returns the solve result when the check passes.
 
         ``budget`` is total device bytes (``"16GiB"``, an ``int``) or a share of the eager
-        activation peak (``"70%"``); ``cost`` is the tracer's cost model (``"flops"``, a device
-        profile name such as ``"h100"``, or ``"measure"``).
+        activation peak (``"70%"``); ``cost`` is the tracer's cost model, by default
+        :func:`remat.trace`'s (the measured roofline of the local CPU; also ``"flops"``, a
+        device profile name such as ``"h100"``, or ``"measure"``). A failure names it.
         """
         from remat.tracer import trace  # imports torch, which sets up its loggers
 
@@ -82,7 +83,7 @@ class RematBudget:
     ) -> Any:
         """:meth:`check` for a graph already traced (or read from ``remat trace`` output)."""
         import remat
-        from remat.report.check import check_figures, failure_message
+        from remat.report.check import check_figures, cost_model_text, failure_message
 
         if max_overhead is not None and not max_overhead >= 0:
             raise ValueError(f"max_overhead must be >= 0, got {max_overhead!r}")
@@ -97,7 +98,11 @@ class RematBudget:
             ("remat_smallest_budget_bytes", figures.smallest_budget_bytes),
         ]
         message = failure_message(
-            what or graph.name or "the model", figures, result, max_overhead=max_overhead
+            what or graph.name or "the model",
+            figures,
+            result,
+            max_overhead=max_overhead,
+            cost_model=cost_model_text(graph),
         )
         if message is not None:
             pytest.fail(message, pytrace=False)

@@ -271,3 +271,51 @@ def test_budget_text_goes_to_the_one_parser(
     assert '"1B"' in err and '"100%"' in err and "--budget" in err
     assert main([*argv, "1B"]) == 1  # one byte: nothing fits
     assert json.loads(capsys.readouterr().out)["budget_bytes"] == 1
+
+
+def test_every_subcommand_runs_with_its_defaults(
+    graph: Graph, graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command as a newcomer types it first, with no optional flag: `remat frontier`
+    without --solver crashed (AttributeError: remat.solver has no DEFAULT_SOLVER)."""
+    assert main(["frontier", str(graph_file), "--budgets", "100%,70%", "--time-limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert solvers.default_solver() in out and "remat frontier" in out
+    assert main(["solve", str(graph_file), "--budget", "70%", "--time-limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert f"{solvers.default_solver()} (" in out and "cost model" in out
+    assert main(["report", str(graph_file)]) == 0
+    assert "cost model" in capsys.readouterr().out
+    assert main(["solvers"]) == 0
+    assert "(default)" in capsys.readouterr().out
+    assert main(["check", str(graph_file), "--budget", "100%"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_trace_and_check_price_with_the_librarys_default_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`remat trace` and `remat check` price a model as remat.trace does by default (the
+    measured roofline of this CPU, profile 'cpu-local'), not by FLOPs with element-wise ops
+    free, and say so; --cost flops still asks for FLOPs."""
+    pytest.importorskip("torch")
+    from remat.tracer import trace_spec
+
+    model = tmp_path / "tiny_model.py"
+    model.write_text(MODEL)
+    spec = f"{model}:build"
+    out = tmp_path / "g.json"
+    assert main(["trace", spec, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    g = Graph.from_json(out.read_text())
+    library = trace_spec(spec)
+    assert g.device is not None and library.device is not None
+    assert g.device.name == library.device.name == "cpu-local"
+    assert all(n.time_s > 0 for n in g.nodes)  # the roofline prices every op, relu included
+    assert "cost model" in printed and "cpu-local roofline" in printed
+    assert main(["check", spec, "--budget", "100%"]) == 0
+    assert "cpu-local roofline" in capsys.readouterr().out
+    assert main(["trace", spec, "--cost", "flops", "--out", str(out)]) == 0
+    flops = Graph.from_json(out.read_text())
+    assert flops.device is None and any(n.time_s == 0 for n in flops.nodes)
+    assert "none recorded" in capsys.readouterr().out

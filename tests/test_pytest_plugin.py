@@ -65,6 +65,7 @@ def test_over_budget_model_fails_with_a_readable_message(pytester: pytest.Pytest
             "*GPT does not fit 1.50 MiB: no plan found within the budget",
             "*smallest budget found: *MiB",
             "*overhead at the budget: no plan fits (allowed +30.0%)",
+            "*times priced by the cpu-local roofline",  # the library's default cost model
             "*the 10 largest values alive at the peak (*MiB, step *, smallest-peak plan found):",
         ]
     )

@@ -281,12 +281,21 @@ def peak_lines(peak: Peak, n: int = PEAK_VALUES_NAMED) -> list[str]:
     ]
 
 
+def cost_model_text(graph: Graph) -> str:
+    """Which cost model priced a graph's times, for everything that prints a time figure: the
+    device profile the tracer recorded (``cpu-local``: the measured roofline), else none."""
+    if graph.device is not None:
+        return f"{graph.device.name} roofline"
+    return "none recorded (FLOP counts only, or times given in the graph file)"
+
+
 def failure_message(
     what: str,
     figures: CheckFigures,
     result: Any,
     *,
     max_overhead: float | None,
+    cost_model: str | None = None,
 ) -> str | None:
     """Why ``result`` fails the check, in words, or None when it passes."""
     budget = format_bytes(figures.budget_bytes)
@@ -307,6 +316,7 @@ def failure_message(
         "  overhead at the budget: "
         + (f"{result.overhead * 100:+.1f}%" if result.fits else "no plan fits")
         + ("" if max_overhead is None else f" (allowed {max_overhead * 100:+.1f}%)"),
+        *([] if cost_model is None else [f"  times priced by the {cost_model}"]),
         f"  eager peak {format_bytes(figures.eager_peak_bytes)}, static "
         f"{format_bytes(figures.static_bytes)}; solver {result.solver} ({result.status})",
         f"  the {min(PEAK_VALUES_NAMED, len(figures.peak.values))} largest values alive at the "
