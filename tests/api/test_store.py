@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from remat.api.store import JobRecord, MemoryStore, Store, StoreUnavailable, open_store
+from remat.api.store import JobRecord, MemoryStore, Store, StoreUnavailable
+from remat.api.store_factory import open_store
 from remat.api.store_sqlite import SQLiteStore
 
 
@@ -155,3 +157,29 @@ def test_release_and_expire(store: Store) -> None:
 
 def test_ping(store: Store) -> None:
     store.ping()
+
+
+def _store_imports(path: Path) -> set[str]:
+    """The ``remat.api.store*`` modules a file imports, lazy imports included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("remat.api.store"):
+            found.add(str(node.module).rsplit(".", 1)[1])
+    return found
+
+
+def test_no_import_circle_among_the_store_modules() -> None:
+    # store.py is the interface the concrete stores import; it must not import them back, and
+    # only store_factory.py chooses among them.
+    api = Path(__file__).resolve().parents[2] / "remat" / "api"
+    graph = {p.stem: _store_imports(p) - {p.stem} for p in api.glob("store*.py")}
+    assert graph["store"] == set(), graph
+
+    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+            for n in graph.get(start, set())
+        )
+
+    assert [m for m in graph if reaches(m, m)] == [], graph
+    assert not any("store_factory" in deps for deps in graph.values()), graph
