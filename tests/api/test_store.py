@@ -77,6 +77,13 @@ def test_jobs_lifecycle(store: Store) -> None:
     assert not store.update_job("nope", status="done")
 
 
+def test_an_empty_only_if_changes_nothing(store: Store) -> None:
+    store.create_job(_job("j", at=1.0))
+    assert not store.update_job("j", status="cancelled", only_if=())
+    j = store.job("j")
+    assert j is not None and (j.status, j.updated_at) == ("queued", 1.0)
+
+
 def test_sqlite_persists_across_connections(tmp_path: Path) -> None:
     path = str(tmp_path / "x.db")
     s = SQLiteStore(path)
