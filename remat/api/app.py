@@ -19,7 +19,7 @@ from remat.api.queue import open_queue
 from remat.api.routes import frontier, graphs, health, jobs, solve, solvers
 from remat.api.service import Service
 from remat.api.settings import Settings
-from remat.api.store import open_store
+from remat.api.store_factory import open_store
 
 log = logging.getLogger("remat.api")
 

@@ -17,7 +17,8 @@ import signal
 from remat.api.pool import WorkerPool
 from remat.api.runner import LocalRunner, new_holder, retry_store, run_job
 from remat.api.settings import Settings
-from remat.api.store import Store, is_postgres, open_store
+from remat.api.store import Store
+from remat.api.store_factory import is_postgres, open_store
 
 log = logging.getLogger("remat.api")
 

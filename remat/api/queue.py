@@ -16,7 +16,8 @@ from typing import Protocol
 from remat.api.pool import WorkerPool
 from remat.api.runner import LocalRunner
 from remat.api.settings import Settings
-from remat.api.store import Store, is_postgres
+from remat.api.store import Store
+from remat.api.store_factory import is_postgres
 
 
 class JobQueue(Protocol):

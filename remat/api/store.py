@@ -3,7 +3,8 @@
 :class:`Store` is the interface; :class:`MemoryStore` (nothing persists),
 :class:`~remat.api.store_sqlite.SQLiteStore` (the default, one file created on first use) and
 :class:`~remat.api.store_pg.PostgresStore` (several machines) implement it, and
-:func:`open_store` picks one from a database URL.
+:func:`remat.api.store_factory.open_store` picks one from a database URL (this module imports
+neither concrete store, so the stores can import it).
 
 Every method is synchronous and thread-safe; the service calls them from worker threads so the
 event loop never waits on the disk. Payloads (graph JSON, results, progress) are stored as JSON
@@ -327,44 +328,3 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
-
-
-def open_store(url: str, timeout_s: float = 5.0) -> Store:
-    """The store a database URL names.
-
-    ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``sqlite:///:memory:``,
-    a bare file path (SQLite), ``memory://``, or ``postgresql://user@host:port/dbname``
-    (also ``postgres://``; needs the ``postgres`` extra: psycopg 3). ``timeout_s``: how long
-    an operation waits for a lock or a connection before :class:`StoreUnavailable`.
-
-    Raises
-    ------
-    ValueError
-        Naming ``db_url`` when the scheme is not one of those.
-    StoreUnavailable
-        When a PostgreSQL server cannot be reached.
-    """
-    from remat.api.store_sqlite import SQLiteStore
-
-    if url == "memory://":
-        return MemoryStore()
-    if url.startswith("sqlite://"):
-        path = url[len("sqlite://") :]
-        if not path.startswith("/") or path == "/":
-            raise ValueError(f"db_url: expected sqlite:///PATH, got {url!r}")
-        return SQLiteStore(path[1:] if path != "/:memory:" else ":memory:", timeout_s)
-    if is_postgres(url):
-        from remat.api.store_pg import PostgresStore
-
-        return PostgresStore(url, timeout_s=timeout_s)
-    if "://" in url:
-        scheme = url.split("://", 1)[0]
-        raise ValueError(
-            f"db_url: no store for scheme {scheme!r} (supported: sqlite:///PATH, memory://, "
-            "postgresql://...)"
-        )
-    return SQLiteStore(url, timeout_s)
-
-
-def is_postgres(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))

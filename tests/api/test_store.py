@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from remat.api.store import JobRecord, MemoryStore, Store, StoreUnavailable, open_store
+from remat.api.store import JobRecord, MemoryStore, Store, StoreUnavailable
+from remat.api.store_factory import open_store
 from remat.api.store_sqlite import SQLiteStore
 
 
@@ -73,6 +75,13 @@ def test_jobs_lifecycle(store: Store) -> None:
     with pytest.raises(ValueError, match="owner"):
         store.update_job("j1", owner="b")
     assert not store.update_job("nope", status="done")
+
+
+def test_an_empty_only_if_changes_nothing(store: Store) -> None:
+    store.create_job(_job("j", at=1.0))
+    assert not store.update_job("j", status="cancelled", only_if=())
+    j = store.job("j")
+    assert j is not None and (j.status, j.updated_at) == ("queued", 1.0)
 
 
 def test_sqlite_persists_across_connections(tmp_path: Path) -> None:
@@ -155,3 +164,29 @@ def test_release_and_expire(store: Store) -> None:
 
 def test_ping(store: Store) -> None:
     store.ping()
+
+
+def _store_imports(path: Path) -> set[str]:
+    """The ``remat.api.store*`` modules a file imports, lazy imports included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("remat.api.store"):
+            found.add(str(node.module).rsplit(".", 1)[1])
+    return found
+
+
+def test_no_import_circle_among_the_store_modules() -> None:
+    # store.py is the interface the concrete stores import; it must not import them back, and
+    # only store_factory.py chooses among them.
+    api = Path(__file__).resolve().parents[2] / "remat" / "api"
+    graph = {p.stem: _store_imports(p) - {p.stem} for p in api.glob("store*.py")}
+    assert graph["store"] == set(), graph
+
+    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+            for n in graph.get(start, set())
+        )
+
+    assert [m for m in graph if reaches(m, m)] == [], graph
+    assert not any("store_factory" in deps for deps in graph.values()), graph
