@@ -47,23 +47,38 @@ def test_workspace_counts_while_the_node_runs() -> None:
         assert r2.total_time_s is not None and r2.total_time_s > 6.0
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: chain(4, batch_size=2, width=8),
-        lambda: transformer(1, d_model=16, seq_len=8, batch_size=2, vocab_size=32, num_heads=2),
-        lambda: unet(1, base_channels=4, image_size=4, batch_size=1),
-        residual_step,
-    ],
-    ids=["chain4", "transformer1", "unet1", "residual"],
-)
+_CLAIM_GRAPHS = {
+    "chain4": lambda: chain(4, batch_size=2, width=8),
+    "transformer1": lambda: transformer(
+        1, d_model=16, seq_len=8, batch_size=2, vocab_size=32, num_heads=2
+    ),
+    "unet1": lambda: unet(1, base_channels=4, image_size=4, batch_size=1),
+    "residual": residual_step,
+}
+ids_of = {make: name for name, make in _CLAIM_GRAPHS.items()}
+# (fraction, graph) where the MILP has no solution today, and why: the budget is below the
+# peak any plan needs (no model is built), or the window ladder's rungs find none in time.
+NO_SOLUTION = {
+    (0.8, "residual"): "below the floor",
+    (0.6, "residual"): "below the floor",
+    (0.6, "transformer1"): "none in time",
+}
+
+
+@pytest.mark.parametrize("make", list(_CLAIM_GRAPHS.values()), ids=list(_CLAIM_GRAPHS))
 @pytest.mark.parametrize("frac", [1.0, 0.8, 0.6])
 def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
     g = make()  # type: ignore[operator]
     budget = frac_budget(g, frac)
     run = run_checkmate(g, budget, time_limit_s=20)
     if run.solution is None or run.solution.values is None:
-        pytest.skip("no solution at this budget")
+        why = NO_SOLUTION.get((frac, ids_of[make]))
+        assert why is not None, f"no MILP solution for {ids_of[make]} at {frac}: {run.solution}"
+        if why == "below the floor":
+            assert run.solution is None  # refused before solving: no plan can fit
+        else:  # the ladder's windows run out of time before one has a plan (load-dependent)
+            assert run.solution is not None and run.solution.status in ("timeout", "infeasible")
+        return
     plan, claimed_peak, claimed_time = run.model.replay(run.solution.values)
     sim = simulate(g, plan)
     assert sim.peak_bytes == claimed_peak
