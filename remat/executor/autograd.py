@@ -36,6 +36,7 @@ devices, non-tensor arguments or autocast state) raises :class:`ExecutorError`, 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +53,7 @@ from remat.executor.opexec import (
     plan_to_run,
     simulate_traced,
 )
-from remat.ir import Graph, Plan
+from remat.ir import Graph, Plan, SolveResult
 from remat.ir.simulate import Simulation
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -257,6 +258,47 @@ def _check_graph(expected: Graph | None, result: Any, cap: Any, sim: Simulation)
         )
 
 
+def check_applicable(
+    model: nn.Module, graph: Graph, loss_fn: LossFn | None, *, loss: bool = True
+) -> None:
+    """What :func:`apply` can tell before any step that its plan is not for this model: the
+    parameters' shapes are not the graph's (another model or config), or (with ``loss``, for
+    the op-level executor, which runs the loss itself) the ``loss_fn`` differs from the
+    trace's (a graph traced with one applied without, or the reverse).
+
+    Raises
+    ------
+    ExecutorError
+        Naming the mismatch and the fix.
+    """
+    traced = graph.traced_with_loss_fn
+    if loss and traced is not None and traced != (loss_fn is not None):
+        if traced:
+            raise ExecutorError(
+                f"the plan was solved on a step traced with a loss_fn (graph {graph.name!r}), "
+                "and remat.apply was given none: pass the same loss_fn= to remat.apply, or "
+                "trace and solve without one (forward then returns the model's output)"
+            )
+        raise ExecutorError(
+            f"the plan was solved on a step traced without a loss_fn (graph {graph.name!r}), "
+            "and remat.apply was given one: trace with that loss_fn (remat.trace(model, "
+            "inputs, loss_fn)) and solve again, or apply without it"
+        )
+    planned = Counter(v.shape for v in graph.values if v.kind == "param" and v.shape)
+    if not planned:
+        return  # a hand-built graph without shapes: the first capture checks the step
+    mine = Counter(tuple(p.shape) for p in model.parameters())
+    if mine != planned:
+        only_graph = sorted((planned - mine).elements())[:3]
+        only_model = sorted((mine - planned).elements())[:3]
+        raise ExecutorError(
+            f"the plan was solved on another model: the graph {graph.name!r} has "
+            f"{planned.total()} parameters, this {type(model).__name__} {mine.total()}; "
+            f"shapes only in the graph {only_graph}, only in the model {only_model}. Trace "
+            "and solve this model"
+        )
+
+
 def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any) -> Any:
     """Capture with the unmodified forward, outside any dispatch mode of the caller (a memory
     tracker must not see the capture's fake tensors)."""
@@ -351,7 +393,10 @@ def apply(
     result
         A solve result with a plan, or a :class:`~remat.ir.Plan`.
     graph
-        The graph the plan was solved on; when given, the captured step must equal it.
+        The graph the plan was solved on; when given, the captured step must equal it. By
+        default the one the result was solved on (``result.graph``: ``remat.solve`` attaches
+        it), so a model, a ``loss_fn`` or shapes other than the traced ones are reported here,
+        not at the first backward.
     example_inputs
         Capture now instead of at the first call.
     loss_fn
@@ -370,6 +415,11 @@ def apply(
     from remat.executor.module import apply_checkpoint, remove
 
     _check_budget(result, allow_over_budget)
+    if graph is None and isinstance(result, SolveResult):
+        graph = result.graph
+    if graph is not None:
+        # checkpoint mode runs the model's own forward; the caller's loop computes the loss
+        check_applicable(model, graph, loss_fn if mode == "op" else None, loss=mode == "op")
     if mode == "checkpoint":
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn

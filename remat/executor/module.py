@@ -328,6 +328,29 @@ def _policy_for(graph: Graph, region: Region) -> Callable[[], Any]:
     return context_fn
 
 
+def _is_cache(x: Any) -> bool:
+    """A transformers key/value cache (``DynamicCache`` and its kin): its ``update`` appends."""
+    t = type(x)
+    return (
+        t.__module__.startswith("transformers.") and "Cache" in t.__name__ and hasattr(x, "update")
+    )
+
+
+def _refuse_caches(forward: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> None:
+    """A region whose call carries a cache cannot be replayed: recomputing it would append to
+    the cache again, and torch.utils.checkpoint fails at the first backward ("... encountered
+    during backward but not found in storage"). Refused at the call, before any backward."""
+    for name, x in [*enumerate(args), *kwargs.items()]:
+        if _is_cache(x):
+            raise ExecutorError(
+                f"{getattr(forward, '__qualname__', 'a checkpointed block')} is called with a "
+                f"key/value cache (argument {name!r}: {type(x).__name__}), which a checkpoint "
+                "region cannot replay. Train with the cache off: model.config.use_cache = False "
+                "or use_cache=False in the call (transformers' gradient_checkpointing_enable() "
+                "turns it off too), or run the plan op by op: remat.apply(model, result)"
+            )
+
+
 def _checkpointed(
     forward: Callable[..., Any], context_fn: Callable[[], Any], buffers: list[torch.Tensor]
 ) -> Callable[..., Any]:
@@ -339,6 +362,7 @@ def _checkpointed(
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        _refuse_caches(forward, args, kwargs)
         calls = [0]
 
         def once(*a: Any, **k: Any) -> Any:

@@ -156,6 +156,7 @@ class Graph(BaseModel, metaclass=_GraphMeta):
     _size_map: dict[str, int] = PrivateAttr(default_factory=dict)
     _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
     _content_hash: str | None = PrivateAttr(default=None)
+    _traced_with_loss_fn: bool | None = PrivateAttr(default=None)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -329,6 +330,19 @@ class Graph(BaseModel, metaclass=_GraphMeta):
         if self.device is None:
             return DEFAULT_HOST_BANDWIDTH_BYTES_PER_S
         return self.device.host_bandwidth_bytes_per_s
+
+    @property
+    def traced_with_loss_fn(self) -> bool | None:
+        """Whether the tracer captured this step with a ``loss_fn`` (True: the step ends at
+        its scalar) or without one (False: it ends at the model's output or at the loss the
+        model returns); None when not known (a graph read from JSON or built by hand). The
+        executors hold a plan's caller to the same choice. Not serialised."""
+        return self._traced_with_loss_fn
+
+    def mark_traced(self, *, with_loss_fn: bool) -> Graph:
+        """Record how the tracer captured this step (see :attr:`traced_with_loss_fn`)."""
+        self._traced_with_loss_fn = with_loss_fn
+        return self
 
     def summary(self) -> dict[str, Any]:
         """Counts and totals for people and for the service's graph summary."""

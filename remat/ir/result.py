@@ -140,6 +140,12 @@ class SolveResult(BaseModel):
             min_budget_bytes=self.min_budget_bytes,
         )
 
+    @property
+    def graph(self) -> Graph | None:
+        """The graph the plan was solved on, when this result was solved in this process
+        (``remat.solve`` attaches it; a result read back from JSON has none)."""
+        return self._drawn_with.graph
+
     def with_graph(self, graph: Graph) -> SolveResult:
         """Remember the graph the plan is for (not serialised), so that a notebook can draw
         the plan's memory timeline; ``remat.solve`` does this. Returns the result itself."""

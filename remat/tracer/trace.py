@@ -108,7 +108,7 @@ def trace_capture(
             static_bytes=graph.static_bytes + extra,
             device=graph.device,
         )
-    cap.graph = graph
+    cap.graph = graph.mark_traced(with_loss_fn=loss_fn is not None)
     return cap
 
 
