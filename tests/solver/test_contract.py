@@ -165,11 +165,6 @@ def backward_made_read_later() -> Graph:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rotor's chain expansion drops the backward-made value (hierarchical, pofo and auto "
-    "start from rotor's plan); known, not yet fixed",
-)
 def test_a_backward_made_value_read_later_gets_valid_plans() -> None:
     g = backward_made_read_later()
     for name in solver.available():
