@@ -207,7 +207,8 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
         while s < len(bounds) and i > bounds[s]:
             s += 1
         stage_of[i] = s
-    num = (max(stage_of.values()) + 1) if stage_of else 0
+    # a graph without a forward pass is one stage of backward nodes (none without nodes)
+    num = (max(stage_of.values()) + 1) if stage_of else min(1, len(nodes))
     produced_in: dict[str, int] = {}
     for i, st in stage_of.items():
         for o in nodes[i].outputs:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from _graphs import schema_graphs
 from handmade import chain_step
+from hypothesis import given, settings
 
 from remat.ir import Graph, InvalidPlanError, Node, Step, Value, eager_plan, simulate
 from remat.ir.chain import ChainOp, chain_view, expand, plan_from_steps
@@ -128,5 +130,19 @@ def test_a_backward_node_a_forward_node_reads_runs_in_the_forward_sweep() -> Non
     plan = expand(ch, straight(ch.num_stages))
     assert simulate(g, plan).num_recomputes == 0
     # a second forward of every stage skips "b0", which cannot run again, and stays valid
+    again = [ChainOp("forward", i) for i in range(ch.num_stages)]
+    simulate(g, expand(ch, again + straight(ch.num_stages)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(g=schema_graphs())
+def test_every_schema_graph_expands_to_valid_plans(g: Graph) -> None:
+    # Whatever the phases' order, every node of the graph in a stage (one stage of backward
+    # nodes when there is no forward pass), and schedules that run forwards again stay valid:
+    # the forward sweep runs before any backward that could need it.
+    ch = chain_view(g)
+    placed = [n for s in ch.stages for n in (*s.forward_nodes, *s.backward_nodes)]
+    assert sorted(placed) == sorted(n.id for n in g.nodes)
+    simulate(g, expand(ch, straight(ch.num_stages)))
     again = [ChainOp("forward", i) for i in range(ch.num_stages)]
     simulate(g, expand(ch, again + straight(ch.num_stages)))
