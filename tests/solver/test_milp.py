@@ -8,6 +8,7 @@ from handmade import chain_step, diamond, residual_step
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.synthetic import chain, transformer, unet
 from remat.solver import get
+from remat.solver.checkmate_plans import replay
 from remat.solver.milp import CheckmateModel, run_checkmate, window_ladder
 
 milp = get("milp")
@@ -64,7 +65,7 @@ def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
     run = run_checkmate(g, budget, time_limit_s=20)
     if run.solution is None or run.solution.values is None:
         pytest.skip("no solution at this budget")
-    plan, claimed_peak, claimed_time = run.model.replay(run.solution.values)
+    plan, claimed_peak, claimed_time = replay(run.model, run.solution.values)
     sim = simulate(g, plan)
     assert sim.peak_bytes == claimed_peak
     assert sim.total_time_s == pytest.approx(claimed_time, rel=1e-12)
