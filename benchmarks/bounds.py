@@ -34,6 +34,7 @@ from remat.ir import Graph, eager_plan, simulate, synthetic
 from remat.ir.budget import fraction_bytes
 from remat.solver.bounds import best_bound, closure_bounds, cut_bounds, multicut_bound
 from remat.solver.checkmate import CheckmateModel
+from remat.solver.checkmate_plans import replay
 
 CASES: dict[str, Callable[[], Graph]] = {
     "chain6": lambda: synthetic.chain(6),
@@ -66,7 +67,7 @@ def exact(g: Graph, budget: int, time_limit_s: float) -> tuple[str, float | None
     dual = None if sol.bound is None else sol.bound * cm.time_unit_s
     status: str = sol.status
     if sol.values is not None:
-        plan, _, _ = cm.replay(sol.values)
+        plan, _, _ = replay(cm, sol.values)
         if simulate(g, plan).peak_bytes > budget:
             status = "over"
     return status, obj, dual

@@ -41,6 +41,7 @@ __all__ = [
     "Progress",
     "RematError",
     "SolveResult",
+    "SolverBugError",
     "SolverUnavailableError",
     "__version__",
     "frontier",

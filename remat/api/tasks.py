@@ -17,7 +17,7 @@ from typing import Any
 
 from remat import solver as solvers
 from remat.api.schemas import SolverList
-from remat.ir import Graph, RematError, resolve_budget
+from remat.ir import Graph, RematError, SolverBugError, resolve_budget
 from remat.ir.result import Progress as SolveProgress
 from remat.ir.result import SolveResult, best_result
 
@@ -71,6 +71,8 @@ def _solver_errors(solver: str) -> Iterator[None]:
     422 on the options."""
     try:
         yield
+    except SolverBugError as exc:  # a plan the simulator rejects: the solver's, not the client's
+        raise SolverBug(solver, exc) from exc
     except RematError as exc:
         raise TaskError(["body", "solver"], str(exc), "solver_error") from None
     except ValueError as exc:
@@ -146,7 +148,7 @@ def _solve(
             graph, budget_bytes, time_limit_s=task["time_limit_s"], on_progress=on_progress
         )
     with _solver_errors(task["solver"]):
-        return si.fn(problem, **checked)
+        return si.solve(problem, checked)
 
 
 def _incumbent(graph: Graph, budget_bytes: int, progress: Progress, started: float) -> None:

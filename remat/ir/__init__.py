@@ -13,6 +13,7 @@ from remat.ir.errors import (
     InfeasibleBudgetError,
     InvalidPlanError,
     RematError,
+    SolverBugError,
     SolverUnavailableError,
 )
 from remat.ir.graph import SCHEMA_VERSION, DeviceProfile, Graph, Node, Value
@@ -38,6 +39,7 @@ __all__ = [
     "RematError",
     "Simulation",
     "SolveResult",
+    "SolverBugError",
     "SolverUnavailableError",
     "Status",
     "Step",

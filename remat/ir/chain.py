@@ -3,8 +3,11 @@
 A *chain* splits the forward pass at cuts (:mod:`remat.ir.cuts`) into stages ``0..L-1``: stage
 ``i`` reads the values of cut ``i`` (the graph's inputs for ``i = 0``) and its forward nodes
 produce the values of cut ``i + 1``; its backward nodes are the backward nodes that read its
-saved values. Each :class:`Stage` carries the figures the dynamic programs need (forward and
-backward time, input bytes, all-activation bytes, temporary bytes).
+saved values. The forward pass is the forward sweep (:func:`~remat.ir.cuts.sweep_positions`):
+a backward-phase node that a later forward node depends on is one of its stage's forward nodes,
+since a chain schedule runs every stage's backward after all forwards. Each :class:`Stage`
+carries the figures the dynamic programs need (forward and backward time, input bytes,
+all-activation bytes, temporary bytes).
 
 A chain schedule is a list of :class:`ChainOp` (run a stage's forward or backward, offload or
 prefetch a stage's saved values). :func:`expand` turns it into an op-level :class:`Plan` with
@@ -31,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from remat.ir.cuts import Cut, articulation_cuts, block_cuts
+from remat.ir.cuts import Cut, articulation_cuts, block_cuts, sweep_positions
 from remat.ir.errors import InvalidPlanError
 from remat.ir.graph import Graph
 from remat.ir.plan import Plan, Step, step_maker
@@ -196,15 +199,16 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
     size = graph.size_map()
     static = graph.static_ids()
     bounds = sorted(c.position for c in chosen)
+    sweep = sweep_positions(graph)
+    in_sweep = set(sweep)
     stage_of: dict[int, int] = {}
     s = 0
-    for i, n in enumerate(nodes):
-        if n.phase != "forward":
-            continue
+    for i in sweep:
         while s < len(bounds) and i > bounds[s]:
             s += 1
         stage_of[i] = s
-    num = (max(stage_of.values()) + 1) if stage_of else 0
+    # a graph without a forward pass is one stage of backward nodes (none without nodes)
+    num = (max(stage_of.values()) + 1) if stage_of else min(1, len(nodes))
     produced_in: dict[str, int] = {}
     for i, st in stage_of.items():
         for o in nodes[i].outputs:
@@ -221,7 +225,7 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
     bwd_stage: dict[int, int] = {}
     cur = num - 1
     for i, n in enumerate(nodes):
-        if n.phase != "backward":
+        if i in in_sweep:
             continue
         reads = [home[x] for x in n.inputs if x in home]
         if reads:
@@ -237,8 +241,7 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
         bwd_of[st].append(i)
     pos_of_stage_end = {st: fwd_of[st][-1] for st in range(num) if fwd_of[st]}
     bwd_readers = {
-        v: any(nodes[r].phase == "backward" for r in graph.consumer_positions(v))
-        for v in produced_in
+        v: any(r not in in_sweep for r in graph.consumer_positions(v)) for v in produced_in
     }
     required = {v for v in produced_in if graph.is_required(v)}
     stages: list[Stage] = []
@@ -293,7 +296,7 @@ def chain_of_cuts(graph: Graph, chosen: Sequence[Cut], kind: str) -> Chain:
                 ),
             )
         )
-    first = sum(n.time_s for n in nodes if n.phase == "forward")
+    first = sum(nodes[i].time_s for i in sweep)
     return Chain(graph=graph, stages=tuple(stages), cut_kind=kind, first_forward_time_s=first)
 
 

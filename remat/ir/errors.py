@@ -33,5 +33,16 @@ class InfeasibleBudgetError(RematError, ValueError):
         self.min_budget_bytes = min_budget_bytes
 
 
+class SolverBugError(RematError, RuntimeError):
+    """A solver returned a plan the simulator rejects, or figures the simulator does not find
+    for it, on a graph and budget it accepted: a bug in that solver, never the caller's fault.
+    ``solver`` names it; ``remat.solve``'s ``auto`` skips such a sub-solver (and logs it), and
+    the service answers 500."""
+
+    def __init__(self, message: str, *, solver: str) -> None:
+        super().__init__(message)
+        self.solver = solver
+
+
 class SolverUnavailableError(RematError, LookupError):
     """The named solver is not registered, or its backend (e.g. HiGHS) is not installed."""

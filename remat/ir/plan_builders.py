@@ -62,7 +62,8 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         The step.
     keep
         Forward values to keep from their computation until their last backward use. Outputs
-        of non-recomputable nodes are always kept. Passing every forward value gives the
+        of non-recomputable nodes, and of backward nodes that a forward node reads, are always
+        kept (only forward nodes are recomputed here). Passing every forward value gives the
         eager plan, except that each value is freed at its last use (``eager_free_after`` is
         the eager plan's alone).
 
@@ -85,12 +86,13 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
         lst = bwd_readers.get(v)
         return lst[-1] if lst else -1
 
-    # Outputs of non-recomputable nodes (batch norm) cannot be made again: hold each one while a
-    # forward value that may have to be recomputed from it is still read by the backward pass.
+    # Outputs of non-recomputable nodes (batch norm) and backward-made values a forward node
+    # reads cannot be made again: hold each one while a forward value that may have to be
+    # recomputed from it is still read by the backward pass.
     # ext[x]: the last backward position at which a recomputation may read x (conservative).
     ext: dict[str, int] = {}
     for n in reversed(nodes) if fixed & freeable else ():  # nothing to hold: skip the pass
-        if n.phase != "forward":
+        if n.phase != "forward" and not any(o in fixed for o in n.outputs):
             continue
         for o in n.outputs:
             reach = -1
@@ -107,9 +109,8 @@ def keep_plan(graph: Graph, keep: Iterable[str]) -> Plan:
     hold = {
         o: max(last_bwd(o), ext.get(o, -1))
         for n in nodes
-        if n.phase == "forward" and not n.recomputable
         for o in n.outputs
-        if o in freeable
+        if o in fixed and o in freeable
     }
 
     steps: list[Step] = []
@@ -160,7 +161,9 @@ def _keep_plan_facts(
 ) -> tuple[frozenset[str], dict[str, int], dict[str, list[int]], frozenset[str]]:
     """What :func:`keep_plan` reads whatever the keep set (computed once per graph): the
     freeable values, each value's last forward reader, its backward readers (ascending) and
-    the outputs of non-recomputable nodes (always kept)."""
+    the values it cannot make again, always kept: outputs of non-recomputable nodes, and of
+    backward nodes that a forward node reads (a graph may list a backward node before such a
+    reader; recomputation runs forward nodes only)."""
     required = graph.required_set()
     freeable = frozenset(
         v.id
@@ -169,7 +172,6 @@ def _keep_plan_facts(
         and v.kind not in STATIC_KINDS
         and v.id not in required  # a required gradient is static, any other required is kept
     )
-    fixed = frozenset(o for n in graph.nodes if not n.recomputable for o in n.outputs)
     fwd_last: dict[str, int] = {}  # last forward reader
     bwd_readers: dict[str, list[int]] = {}  # backward readers, ascending
     for i, n in enumerate(graph.nodes):
@@ -180,6 +182,12 @@ def _keep_plan_facts(
                 lst = bwd_readers.setdefault(x, [])
                 if not lst or lst[-1] != i:
                     lst.append(i)
+    fixed = frozenset(
+        o
+        for n in graph.nodes
+        for o in n.outputs
+        if not n.recomputable or (n.phase != "forward" and o in fwd_last)
+    )
     return freeable, fwd_last, bwd_readers, fixed
 
 

@@ -71,6 +71,23 @@ class _Attached:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _Simulated:
+    """The plan and figures a simulation made a result from, held by identity: a copy of the
+    result that keeps both keeps them, one that swaps either is no longer vouched for. Equal to
+    any other, like :class:`_Attached`."""
+
+    __slots__ = ("figures", "plan")
+
+    def __init__(self, plan: Plan | None = None, figures: PlanFigures | None = None) -> None:
+        self.plan = plan
+        self.figures = figures
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Simulated)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class SolveResult(BaseModel):
     """What every solver returns. Times in seconds, memory in bytes (static + dynamic).
 
@@ -112,6 +129,23 @@ class SolveResult(BaseModel):
         return self
 
     _drawn_with: _Attached = PrivateAttr(default_factory=lambda: _Attached(None))
+    _simulated: _Simulated = PrivateAttr(default_factory=_Simulated)
+
+    def vouch_simulated(self) -> SolveResult:
+        """Record that ``figures`` are the simulator's for ``plan`` (what
+        :meth:`remat.solver.Problem.result` does after simulating it). Returns the result
+        itself."""
+        self._simulated = _Simulated(self.plan, self.figures)
+        return self
+
+    @property
+    def simulated(self) -> bool:
+        """``figures`` are known to be the simulator's for ``plan``: this result, or a copy
+        that kept both, was vouched for by :meth:`vouch_simulated`. False for a result built
+        otherwise, after a copy that replaced the plan or the figures, and for one read back
+        from JSON (these are simulated again by the solve path)."""
+        s = self._simulated
+        return self.plan is not None and s.plan is self.plan and s.figures is self.figures
 
     @property
     def fits(self) -> bool:

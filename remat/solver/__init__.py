@@ -89,7 +89,7 @@ def solve(
     si = info(solver or default_solver())
     checked = si.check_options(options)
     problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
-    result = si.fn(problem, **checked)
+    result = si.solve(problem, checked)
     if executor == "checkpoint":
         from remat.solver.checkpoint import restrict
 

@@ -45,13 +45,14 @@ See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumon
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import replace
 
 from pydantic import Field
 
-from remat.ir import Plan
+from remat.ir import Plan, SolverBugError
 from remat.ir.result import Progress, SolveResult, best_result, speed_key
 from remat.solver import known
 from remat.solver.base import SolverOptions, info, register
@@ -81,6 +82,8 @@ DTR_NEXT_USE = "dtr/next-use"
 
 DEFAULT_GAP_TOLERANCE = 0.01
 """``auto`` stops once its plan is within 1% of its best proven bound."""
+
+_log = logging.getLogger(__name__)
 
 
 class AutoOptions(SolverOptions):
@@ -112,7 +115,9 @@ def solve_auto(
 
     Each solver runs at most once, on the same problem (one eager simulation); ``milp`` starts
     from the plans the others found (``start_plans``). The result's ``solver`` is ``"auto"``;
-    its message names the solver whose plan won and those tried.
+    its message names the solver whose plan won and those tried. A sub-solver whose plan the
+    simulator rejects (:class:`~remat.ir.SolverBugError`) is logged and skipped, so a valid
+    graph always gets an answer.
 
     Parameters
     ----------
@@ -143,6 +148,7 @@ def solve_auto(
             }
         )
     results: list[SolveResult] = [eager]
+    skipped: list[str] = []
 
     def relay(p: Progress) -> None:
         # a sub-solver's incumbents reach the caller as auto's progress, named in the phase
@@ -157,9 +163,15 @@ def solve_auto(
             )
         )
 
-    def run(name: str, time_limit_s: float, **options: object) -> SolveResult:
+    def run(name: str, time_limit_s: float, **options: object) -> None:
         sub = replace(problem.with_time_limit(time_limit_s), on_progress=relay)
-        r = info(name).run(sub, **options)
+        try:
+            r = info(name).run(sub, **options)
+        except SolverBugError as exc:
+            # one broken method must not cost the caller the answer the others give
+            _log.error("auto: skipping solver %r, whose plan is invalid: %s", name, exc)
+            skipped.append(name)
+            return
         results.append(r)
         best = best_result(results)
         fitting = best is not None and best.fits
@@ -174,7 +186,6 @@ def solve_auto(
                 message=f"best so far from {best.solver}" if best is not None and fitting else None,
             )
         )
-        return r
 
     # the lower bound first, on a small share: it is cheap at any size (the LP only on small
     # graphs) and valid whatever the methods below find
@@ -250,6 +261,8 @@ def solve_auto(
             gap_tolerance=gap_tolerance,
         )
     tried = ", ".join(r.solver for r in results)
+    if skipped:
+        tried += f"; skipped {', '.join(skipped)} (invalid plan, logged)"
     best = best_result(results)
     assert best is not None
     if not best.fits:

@@ -6,25 +6,27 @@ them. A solver returns a plan; its figures in the result are always the simulato
 solver's own estimate. A budget the method cannot reach is a result with
 ``status="infeasible"`` and ``min_budget_bytes`` (the smallest budget it found to work), not an
 exception.
+
+Every call of a registered solver (:func:`get`, ``remat.solve``, ``auto``'s sub-solvers, the
+service) goes through :meth:`SolverInfo.solve`, which holds the result to the simulator
+(:func:`held_to_simulator`): a plan the simulator rejects, figures it does not find, or a fit
+claimed above the budget are the solver's bug, raised as :class:`~remat.ir.SolverBugError`
+naming it, never returned.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from remat.ir import Graph, Plan, SolverUnavailableError, simulate
-from remat.ir.result import SolveResult, Status
-from remat.solver.problem import (
-    Problem,
-    ProgressCallback,
-    baseline_time_s,
-    result_from_simulation,
-)
+from remat.ir import Graph, InvalidPlanError, SolverBugError, SolverUnavailableError
+from remat.ir.result import PlanFigures, SolveResult, Status
+from remat.solver.problem import Problem, ProgressCallback, baseline_time_s
 
 SolverKind = Literal["baseline", "chain", "dag", "meta"]
 
@@ -41,6 +43,7 @@ __all__ = [
     "baseline_time_s",
     "default_solver",
     "get",
+    "held_to_simulator",
     "info",
     "register",
 ]
@@ -139,9 +142,73 @@ class SolverInfo:
             ) from None
         return {**dict(parsed), **internal}
 
+    def solve(self, problem: Problem, checked: Mapping[str, Any]) -> SolveResult:
+        """Solve ``problem`` with options already checked (:meth:`check_options`), the result
+        held to the simulator (:func:`held_to_simulator`); the one way every caller runs a
+        registered solver.
+
+        Raises
+        ------
+        SolverBugError
+            When the solver's plan is no plan for the graph, or its result misreports it.
+        """
+        try:
+            result = self.fn(problem, **checked)
+        except InvalidPlanError as exc:
+            # a plan judged inside the solver (Problem.result) and rejected: the solver's bug
+            raise SolverBugError(
+                f"solver {self.name!r} made a plan the simulator rejects: {exc}",
+                solver=self.name,
+            ) from exc
+        return held_to_simulator(problem, result, self.name)
+
     def run(self, problem: Problem, **options: Any) -> SolveResult:
-        """Check ``options``, then solve ``problem``."""
-        return self.fn(problem, **self.check_options(options))
+        """Check ``options``, then solve ``problem`` (:meth:`solve`)."""
+        return self.solve(problem, self.check_options(options))
+
+
+def held_to_simulator(problem: Problem, result: SolveResult, solver: str) -> SolveResult:
+    """``result``, once its plan is known to run and its figures to be the simulator's.
+
+    A result built by :meth:`Problem.result` (or a copy keeping its plan and figures) was
+    simulated already and costs nothing here; any other plan (a plugin's own
+    :class:`SolveResult`, a copy that swapped the plan) is simulated now.
+
+    Raises
+    ------
+    SolverBugError
+        Naming ``solver``, when the simulator rejects the plan, finds another peak or time than
+        the result reports (plans without transfers, whose figures do not depend on the host
+        bandwidth), or the result claims to fit a budget its peak exceeds.
+    """
+    if result.plan is None or result.figures is None:
+        return result
+    if not result.simulated:
+        try:
+            sim = problem.simulate(result.plan)
+        except InvalidPlanError as exc:
+            raise SolverBugError(
+                f"solver {solver!r} returned a plan the simulator rejects: {exc}", solver=solver
+            ) from exc
+        moves = any(s.op in ("offload", "prefetch") for s in result.plan.steps)
+        got, want = result.figures, PlanFigures.of(sim)
+        if not moves and (
+            got.peak_bytes != want.peak_bytes
+            or not math.isclose(got.total_time_s, want.total_time_s, rel_tol=1e-9, abs_tol=1e-12)
+        ):
+            raise SolverBugError(
+                f"solver {solver!r} reports {got.peak_bytes} bytes and {got.total_time_s:.6g} s "
+                f"for its plan; the simulator finds {want.peak_bytes} bytes and "
+                f"{want.total_time_s:.6g} s",
+                solver=solver,
+            )
+    if result.fits and result.figures.peak_bytes > result.budget_bytes:
+        raise SolverBugError(
+            f"solver {solver!r} reports {result.status!r} for a plan peaking at "
+            f"{result.figures.peak_bytes} bytes, above the budget of {result.budget_bytes}",
+            solver=solver,
+        )
+    return result
 
 
 _REGISTRY: dict[str, SolverInfo] = {}
@@ -183,7 +250,8 @@ def register(
                         f"solver {name!r}: option {p!r} defaults to {spec.default!r} in the "
                         f"function but {fields[p].default!r} in {options.__name__}"
                     )
-        doc = summary or (fn.__doc__ or "").strip().splitlines()[0]
+        # a plugin function may have no docstring: its summary is then empty
+        doc = summary or next(iter((fn.__doc__ or "").strip().splitlines()), "")
         _REGISTRY[name] = SolverInfo(name, fn, kind, exact, doc, tuple(params), options)
         return fn
 
@@ -236,40 +304,8 @@ def get(name: str) -> Solver:
         problem = Problem.build(
             graph, budget_bytes, time_limit_s=time_limit_s, on_progress=progress
         )
-        return si.fn(problem, **checked)
+        return si.solve(problem, checked)
 
     run.__name__ = f"solve_{name.replace('-', '_')}"
     run.__doc__ = si.fn.__doc__
     return run
-
-
-# -- helpers for solver authors -------------------------------------------------------------------
-
-
-def result_from_plan(
-    graph: Graph,
-    budget_bytes: int,
-    plan: Plan,
-    *,
-    solver: str,
-    started: float,
-    status: Status | None = None,
-    lower_bound_s: float | None = None,
-    message: str = "",
-    host_bandwidth_bytes_per_s: float | None = None,
-) -> SolveResult:
-    """Simulate ``plan`` and wrap the simulator's figures in a :class:`SolveResult` (for code
-    without a :class:`Problem`; solvers use :meth:`Problem.result`)."""
-    sim = simulate(graph, plan, host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s)
-    return result_from_simulation(
-        graph,
-        budget_bytes,
-        plan,
-        sim,
-        solver=solver,
-        started=started,
-        status=status,
-        lower_bound_s=lower_bound_s,
-        message=message,
-        record=host_bandwidth_bytes_per_s is None,
-    )

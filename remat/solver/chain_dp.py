@@ -553,8 +553,9 @@ def fit_chain_plan(
                 break
             r = judge(plan)
         except InvalidPlanError as exc:
-            # The chain does not describe this graph (a forward node that reads what a backward
-            # node made, say): its schedules are no plans for it, and only eager is left.
+            # The chain does not describe this graph: its schedules are no plans for it, and
+            # only eager is left (the forward sweep keeps a backward node that a forward node
+            # reads in the forward pass, so no graph known to the tests gets here).
             unfit = f"chain expansion failed: {exc}"
             break
         tried.append(r)

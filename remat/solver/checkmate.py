@@ -1,5 +1,6 @@
-"""Checkmate's MILP for one graph and budget: variables, one function per constraint family,
-and the way back from a 0/1 solution to a plan.
+"""Checkmate's MILP for one graph and budget: variables and one function per constraint family
+(the way back from a 0/1 solution to a plan, and from a plan to a MIP start, is
+:mod:`remat.solver.checkmate_plans`).
 
 The formulation (stages, ``R``, ``S``, ``F``, ``A``, ``U``) and its reductions are described in
 :mod:`remat.solver.milp`. :meth:`CheckmateModel.build` derives the :class:`MilpIndex` (or takes
@@ -28,9 +29,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from remat.ir import Graph, Plan, Step
+from remat.ir import Graph
 from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline
 from remat.solver.milp_index import MilpIndex
@@ -131,9 +130,10 @@ class _Draft:
 class CheckmateModel:
     """Checkmate's MILP for one graph and budget, with what is needed to read a solution back.
 
-    Build with :meth:`build`; ``model`` is the sparse MILP; :meth:`replay` turns a 0/1 solution
-    into a plan and the model's own peak and time figures; :meth:`start_from_plan` turns a plan
-    of the model's class into a MIP start.
+    Build with :meth:`build`; ``model`` is the sparse MILP;
+    :func:`remat.solver.checkmate_plans.replay` turns a 0/1 solution into a plan and the model's
+    own peak and time figures, :func:`~remat.solver.checkmate_plans.start_from_plan` a plan of the
+    model's class into a MIP start.
     """
 
     index: MilpIndex
@@ -237,113 +237,6 @@ class CheckmateModel:
             by_stage=tuple(tuple(s) for s in by_stage),
         )
         return cls(index, budget_bytes, opts, d.m, variables, time_unit_s, byte_unit)
-
-    # -- a plan as a MIP start ------------------------------------------------------------------
-
-    def start_from_plan(
-        self,
-        plan: Plan,
-        *,
-        deadline: Deadline | None = None,
-    ) -> dict[int, float] | None:
-        """A MIP start (values of ``R`` and ``S``) from a plan of the model's class, or None
-        when the plan is outside it (offloads, a recomputation the model does not allow, or
-        keep decisions that the merged ``S`` variables cannot express).
-
-        Linear in the plan's steps and the model's ``S`` entries (each stage's entries are
-        read once, when the frontier reaches it). Raises :class:`Expired` when ``deadline``
-        passes (checked every 1024 steps)."""
-        g = self.graph
-        n = g.num_nodes
-        R, by_stage = self.vars.R, self.vars.by_stage
-        outs = self.index.outs
-        start: dict[int, float] = dict.fromkeys(R.values(), 0.0)
-        s_val: dict[int, float] = {}
-        resident: set[str] = set()
-        frontier = 0
-        snap_due = True
-
-        def snapshot(t: int) -> bool:
-            for v, ref in by_stage[t]:
-                if not is_var(ref):
-                    continue
-                want = 1.0 if v in resident else 0.0
-                if s_val.setdefault(ref[0], want) != want:
-                    return False
-            return True
-
-        for i, step in enumerate(plan.steps):
-            if deadline is not None and i % 1024 == 0:
-                deadline.check("the MIP start from a plan")
-            if step.op in ("offload", "prefetch"):
-                return None
-            if step.op == "free":
-                resident.discard(step.id)
-                continue
-            k = g.node_position(step.id)
-            if snap_due and frontier < n:
-                if not snapshot(frontier):
-                    return None
-                snap_due = False
-            if k == frontier:
-                frontier += 1
-                snap_due = True
-            elif k < frontier:
-                c = R.get((frontier, k))
-                if c is None:
-                    return None
-                start[c] = 1.0
-            else:
-                return None
-            resident.update(outs[k])
-        if frontier != n:
-            return None
-        start.update(s_val)
-        return start
-
-    # -- reading a solution back ----------------------------------------------------------------
-
-    def replay(self, x: np.ndarray) -> tuple[Plan, int, float]:
-        """The plan of a 0/1 solution, with the model's peak (total bytes) and time.
-
-        Values are freed exactly where the model allows it (``F`` at its upper bound), which is
-        what the memory constraints assume at most; the peak is computed with the model's own
-        arithmetic (stage residency from ``S``, allocation ``R and not resident``, workspace
-        while running), independently of the simulator.
-        """
-        g = self.graph
-        ix, V = self.index, self.vars
-        n = g.num_nodes
-
-        def val(r: Ref) -> int:
-            return round(float(x[r[0]])) if is_var(r) else round(r[1])
-
-        steps: list[Step] = []
-        peak = 0
-        time_s = 0.0
-        for t in range(n):
-            ev = [k for k in V.events[t] if val(V.r(t, k))]
-            in_stage = set(ev)
-            resident = {v for v, ref in V.by_stage[t] if val(ref)}
-            cur = sum(ix.size[v] for v in resident)
-            for k in ev:
-                steps.append(Step(op="compute", id=g.nodes[k].id))
-                time_s += g.nodes[k].time_s
-                for w in ix.outs[k]:
-                    if w not in resident:
-                        resident.add(w)
-                        cur += ix.size[w]
-                peak = max(peak, cur + g.nodes[k].workspace_bytes)
-                for v in dict.fromkeys([*ix.ins[k], *ix.outs[k]]):
-                    if v in ix.required or v not in resident:
-                        continue
-                    hard, soft, rp = _blockers(V, ix, t, v, k, in_stage)
-                    if any(val(b) for b in hard) or (any(val(b) for b in soft) and not val(rp)):
-                        continue
-                    resident.discard(v)
-                    cur -= ix.size[v]
-                    steps.append(Step(op="free", id=v))
-        return Plan(steps=tuple(steps)), g.static_bytes + ix.input_bytes + peak, time_s
 
 
 # -- variables --------------------------------------------------------------------------------
@@ -572,7 +465,7 @@ def _memory_rows(
             prev_u = u
 
 
-def _blockers(
+def blockers(
     q: _Draft | Variables, ix: MilpIndex, t: int, v: str, k: int, in_stage: set[int]
 ) -> tuple[list[Ref], list[Ref], Ref]:
     """What keeps ``v`` from being freed right after ``k`` in stage ``t``: ``hard`` (any
@@ -595,7 +488,7 @@ def _free_quantity(
     rk = d.r(t, k)
     if not is_var(rk) and rk[1] == 0.0:
         return None
-    hard, soft, rp = _blockers(d, ix, t, v, k, in_stage)
+    hard, soft, rp = blockers(d, ix, t, v, k, in_stage)
     if any(not is_var(b) and b[1] == 1.0 for b in hard):
         return None
     var_hard = [b for b in hard if is_var(b)]

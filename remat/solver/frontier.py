@@ -26,13 +26,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from remat.ir import Graph, Plan, eager_plan, resolve_budget, simulate
+from remat.ir import Graph, Plan, resolve_budget, simulate
 from remat.ir.budget import BudgetSpec
 from remat.ir.simulate import Simulation
 from remat.solver import known
-from remat.solver.base import SolveResult, get, result_from_plan
+from remat.solver.base import SolveResult, get
 from remat.solver.fill import fill_budget
-from remat.solver.problem import ProgressCallback
+from remat.solver.problem import Problem, ProgressCallback
 
 FILL_TIME_S = 4.0
 """Default seconds per budget for :func:`~remat.solver.fill.fill_budget`."""
@@ -99,8 +99,10 @@ def frontier(
             resolved.append(resolve_budget(graph, spec))
         except ValueError as exc:
             raise ValueError(f"budgets[{i}]: {exc}") from None
-    eager = eager_plan(graph)
-    eager_sim = simulate(graph, eager)
+    # the eager simulation once; each budget's answers are judged through its problem
+    at = Problem.build(graph, 0).with_budget
+    eager = at(0).eager_plan
+    eager_sim = at(0).eager
     base = eager_sim.total_time_s
     pool: dict[tuple[tuple[str, str], ...], tuple[Plan, Simulation, str]] = {}
 
@@ -125,9 +127,7 @@ def frontier(
             on_point(done - 1)
         started = time.perf_counter()
         if eager_sim.peak_bytes <= b:
-            answers[b] = result_from_plan(
-                graph,
-                b,
+            answers[b] = at(b).result(
                 eager,
                 solver=solver,
                 started=started,
@@ -155,15 +155,17 @@ def frontier(
         if r.plan is not None and r.status != "infeasible" and r.plan.steps == plan.steps:
             answers[b] = r  # the solver's own answer is the best known
             continue
-        answers[b] = result_from_plan(
-            graph,
-            b,
-            plan,
-            solver=solver,
-            started=started,
-            message=f"best plan known for this budget, from {origin}"
-            + (f" (the solver's: {r.message})" if r.message else ""),
-        ).model_copy(update={"solve_time_s": time.perf_counter() - started + r.solve_time_s})
+        answers[b] = (
+            at(b)
+            .result(
+                plan,
+                solver=solver,
+                started=started,
+                message=f"best plan known for this budget, from {origin}"
+                + (f" (the solver's: {r.message})" if r.message else ""),
+            )
+            .model_copy(update={"solve_time_s": time.perf_counter() - started + r.solve_time_s})
+        )
 
     if on_point is not None and answers:
         on_point(len(answers))
@@ -192,7 +194,7 @@ def frontier(
         )
     low = known.smallest(graph)
     low_peak = low.peak_bytes if low is not None else None
-    answers = {b: _with_min_budget(graph, a, low) for b, a in answers.items()}
+    answers = {b: _with_min_budget(at(b), a, low) for b, a in answers.items()}
     return Frontier(
         solver=solver,
         baseline_time_s=base,
@@ -205,15 +207,13 @@ def frontier(
     )
 
 
-def _with_min_budget(graph: Graph, r: SolveResult, low: known.KnownPlan | None) -> SolveResult:
+def _with_min_budget(problem: Problem, r: SolveResult, low: known.KnownPlan | None) -> SolveResult:
     """An infeasible answer reports the smallest plan known (and carries it as its plan)."""
     if r.status != "infeasible" or low is None:
         return r
     if r.min_budget_bytes is not None and r.min_budget_bytes <= low.peak_bytes:
         return r
-    better = result_from_plan(
-        graph, r.budget_bytes, low.plan, solver=r.solver, started=time.perf_counter()
-    )
+    better = problem.result(low.plan, solver=r.solver, started=time.perf_counter())
     return better.model_copy(
         update={
             "status": "infeasible",

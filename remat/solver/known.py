@@ -1,7 +1,7 @@
 """What this process knows about a graph's memory: the smallest-peak plan any method found,
 and a proven lower bound on the peak of every plan.
 
-Every result built by :func:`remat.solver.base.result_from_plan` records its plan here (keyed
+Every result built by :meth:`remat.solver.Problem.result` records its plan here (keyed
 by the graph's content hash), whatever its budget, so ``auto``'s and the frontier's
 ``min_budget_bytes`` is never above a plan already found for that graph, by any method, at any
 budget, in this process (a service worker keeps its own).

@@ -67,6 +67,7 @@ from remat.ir.result import Progress, SolveResult, speed_key
 from remat.solver._mip import Backend, MipSolution
 from remat.solver.base import SolverOptions, register
 from remat.solver.checkmate import SMALL_GRAPH_NODES, CheckmateModel
+from remat.solver.checkmate_plans import replay, start_from_plan
 from remat.solver.deadline import Deadline, Expired, judging_s
 from remat.solver.milp_index import MilpIndex
 from remat.solver.problem import Problem
@@ -235,7 +236,7 @@ def _run_ladder(
             start = None
             try:
                 for h in hints or []:
-                    start = cm.start_from_plan(h, deadline=dl)
+                    start = start_from_plan(cm, h, deadline=dl)
                     if start is not None:
                         break
             except Expired:
@@ -265,7 +266,7 @@ def _run_ladder(
                 break  # widen the window
             if relax or sol.values is None:
                 return run
-            plan, peak, _ = cm.replay(sol.values)
+            plan, peak, _ = replay(cm, sol.values)
             if peak <= budget_bytes:
                 run.plan = plan
                 return run

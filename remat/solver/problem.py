@@ -37,55 +37,6 @@ def baseline_time_s(graph: Graph) -> float:
     return sum(n.time_s for n in graph.nodes)
 
 
-def result_from_simulation(
-    graph: Graph,
-    budget_bytes: int,
-    plan: Plan,
-    sim: Simulation,
-    *,
-    solver: str,
-    started: float,
-    status: Status | None = None,
-    lower_bound_s: float | None = None,
-    message: str = "",
-    record: bool = True,
-) -> SolveResult:
-    """Wrap the simulator's figures for ``plan`` in a :class:`SolveResult`.
-
-    ``status`` defaults to ``feasible``; a plan whose simulated peak exceeds the budget is
-    reported ``infeasible`` with ``min_budget_bytes`` set to its peak, whatever was asked, and
-    ``min_budget_lower_bytes`` set to the proven lower bound on any plan's peak. ``record``
-    (when ``sim`` used the graph's own host bandwidth) remembers the plan in
-    :mod:`remat.solver.known`, so no later answer reports a minimum budget above it.
-    """
-    if record:
-        known.record(graph, plan, sim.peak_bytes, solver)
-    base = baseline_time_s(graph)
-    st: Status = status or "feasible"
-    min_budget = None
-    if sim.peak_bytes > budget_bytes:
-        st = "infeasible"
-        min_budget = sim.peak_bytes
-    gap = None
-    if lower_bound_s is not None and lower_bound_s > 0 and st != "infeasible":
-        gap = max(0.0, sim.total_time_s / lower_bound_s - 1)
-    return SolveResult(
-        solver=solver,
-        status=st,
-        budget_bytes=budget_bytes,
-        plan=plan,
-        figures=PlanFigures.of(sim),
-        baseline_time_s=base,
-        overhead=(sim.total_time_s / base - 1) if base > 0 else 0.0,
-        lower_bound_s=lower_bound_s,
-        gap=gap,
-        min_budget_bytes=min_budget,
-        min_budget_lower_bytes=known.min_budget_lower_bytes(graph) if min_budget else None,
-        solve_time_s=time.perf_counter() - started,
-        message=message,
-    )
-
-
 @dataclass(frozen=True)
 class Problem:
     """One solve: a graph, a budget and what follows from them, computed once.
@@ -213,21 +164,50 @@ class Problem:
         message: str = "",
         host_bandwidth_bytes_per_s: float | None = None,
     ) -> SolveResult:
-        """Simulate ``plan`` and wrap the simulator's figures (see
-        :func:`result_from_simulation`); ``started`` is the solver's ``time.perf_counter()``."""
+        """Simulate ``plan`` and wrap the simulator's figures in a :class:`SolveResult`, vouched
+        for as the simulator's (:meth:`SolveResult.vouch_simulated`); ``started`` is the
+        solver's ``time.perf_counter()``.
+
+        ``status`` defaults to ``feasible``; a plan whose simulated peak exceeds the budget is
+        reported ``infeasible`` with ``min_budget_bytes`` set to its peak, whatever was asked,
+        and ``min_budget_lower_bytes`` set to the proven lower bound on any plan's peak. A plan
+        simulated at the graph's own host bandwidth is remembered in :mod:`remat.solver.known`,
+        so no later answer reports a minimum budget above it.
+
+        Raises
+        ------
+        InvalidPlanError
+            When the simulator rejects ``plan`` (the registry turns this into a
+            :class:`~remat.ir.SolverBugError` naming the solver).
+        """
         sim = self.simulate(plan, host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s)
-        return result_from_simulation(
-            self.graph,
-            self.budget_bytes,
-            plan,
-            sim,
+        graph = self.graph
+        if host_bandwidth_bytes_per_s is None:
+            known.record(graph, plan, sim.peak_bytes, solver)
+        base = self.baseline_time_s
+        st: Status = status or "feasible"
+        min_budget = None
+        if sim.peak_bytes > self.budget_bytes:
+            st = "infeasible"
+            min_budget = sim.peak_bytes
+        gap = None
+        if lower_bound_s is not None and lower_bound_s > 0 and st != "infeasible":
+            gap = max(0.0, sim.total_time_s / lower_bound_s - 1)
+        return SolveResult(
             solver=solver,
-            started=started,
-            status=status,
+            status=st,
+            budget_bytes=self.budget_bytes,
+            plan=plan,
+            figures=PlanFigures.of(sim),
+            baseline_time_s=base,
+            overhead=(sim.total_time_s / base - 1) if base > 0 else 0.0,
             lower_bound_s=lower_bound_s,
+            gap=gap,
+            min_budget_bytes=min_budget,
+            min_budget_lower_bytes=known.min_budget_lower_bytes(graph) if min_budget else None,
+            solve_time_s=time.perf_counter() - started,
             message=message,
-            record=host_bandwidth_bytes_per_s is None,
-        )
+        ).vouch_simulated()
 
     def no_plan(
         self,

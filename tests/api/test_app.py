@@ -114,3 +114,33 @@ def test_caching_is_decided_from_the_result_status(monkeypatch: pytest.MonkeyPat
     timed_out = good.model_copy(update={"status": "timeout", "message": "x" * 300})
     monkeypatch.setattr(tasks, "_solve", lambda *a, **k: timed_out)
     assert tasks.run_task(task)["cacheable"] is False
+
+
+def test_a_solver_plan_the_simulator_rejects_is_a_crash_not_a_422(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The solve path raises SolverBugError (a RematError): the service must answer it as the
+    # solver's failure (500), never as a 422 'solver_error' blaming a valid request.
+    import dataclasses
+
+    from remat.api import tasks
+    from remat.ir import Plan, eager_plan
+    from remat.solver import base
+
+    def broken(problem: base.Problem, **_: object) -> base.SolveResult:
+        bad = Plan(steps=eager_plan(problem.graph).steps[1:])
+        return problem.result(bad, solver="chen-greedy", started=0.0)
+
+    si = base.info("chen-greedy")
+    monkeypatch.setitem(base._REGISTRY, "chen-greedy", dataclasses.replace(si, fn=broken))
+    graph = synthetic.chain(3)
+    task = {
+        "kind": "solve",
+        "graph": graph.to_json(),
+        "budget": "90%",
+        "solver": "chen-greedy",
+        "time_limit_s": 5.0,
+        "options": {},
+    }
+    out = tasks.run_task(task)
+    assert "crash" in out and "'chen-greedy'" in out["crash"] and "simulator" in out["crash"]

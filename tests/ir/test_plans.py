@@ -6,7 +6,10 @@ import pytest
 from handmade import chain_step, residual_step
 
 from remat.ir import (
+    Graph,
+    Node,
     Plan,
+    Value,
     articulation_cuts,
     block_cuts,
     block_key,
@@ -90,3 +93,22 @@ def test_plan_helpers() -> None:
     re = keep_plan(g, set()).summary(g)
     assert re["a1"].recomputed >= 1 and re["a1"].status.startswith("recomputed")
     assert Plan.model_validate_json(p.model_dump_json()) == p
+
+
+def test_keep_plan_holds_a_backward_made_value_that_a_forward_node_reads() -> None:
+    # Drawn by the contract suite's schema_graphs (shrunk): the backward node "n2" makes "v",
+    # which the forward node "n3" and the backward node "n4" read. keep_plan freed "v" after
+    # its forward reader and then could not recompute it for "n4" (only forward nodes are
+    # recomputed), so checkpoint-all, sqrt and chen-greedy raised InvalidPlanError.
+    g = Graph(
+        values=(Value(id="v", size_bytes=8),),
+        nodes=(
+            Node(id="n0", recomputable=False),
+            Node(id="n2", phase="backward", outputs=("v",)),
+            Node(id="n3", inputs=("v",), recomputable=False),
+            Node(id="n4", phase="backward", inputs=("v",), recomputable=False),
+        ),
+    )
+    for keep in (set(), {"v"}):
+        sim = simulate(g, keep_plan(g, keep))
+        assert sim.num_recomputes == 0 and sim.peak_bytes == 8

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from _graphs import schema_graphs
 from handmade import chain_step
+from hypothesis import given, settings
 
-from remat.ir import InvalidPlanError, Step, eager_plan, simulate
+from remat.ir import Graph, InvalidPlanError, Node, Step, Value, eager_plan, simulate
 from remat.ir.chain import ChainOp, chain_view, expand, plan_from_steps
+from remat.ir.cuts import sweep_positions
 from remat.ir.synthetic import chain, random_layered_dag, transformer, unet
 
 
@@ -97,3 +100,49 @@ def test_max_stages_merges_and_bad_value_is_named() -> None:
     assert chain_view(g, cuts="blocks", max_stages=4).num_stages <= 4
     with pytest.raises(ValueError, match="max_stages"):
         chain_view(g, max_stages=0)
+
+
+def test_a_backward_node_a_forward_node_reads_runs_in_the_forward_sweep() -> None:
+    # The schema only asks for a topological order: backward-phase "b0" makes "a", which the
+    # forward node "f1" reads, and "b1" (a true backward node) reads "b". A chain schedule runs
+    # every backward after all forwards, so "b0" (and only it) must be a forward node of its
+    # stage, or the expansion reads "a" before anything made it.
+    g = Graph(
+        values=(
+            Value(id="x", size_bytes=8, kind="input"),
+            Value(id="a", size_bytes=100),
+            Value(id="b", size_bytes=100),
+            Value(id="c", size_bytes=100),
+            Value(id="L", size_bytes=4, kind="loss"),
+        ),
+        nodes=(
+            Node(id="b0", phase="backward", inputs=("x",), outputs=("a",), recomputable=False),
+            Node(id="f1", inputs=("a",), outputs=("b",), time_s=1.0),
+            Node(id="f2", inputs=("b",), outputs=("L",), time_s=1.0),
+            Node(id="b1", phase="backward", inputs=("b", "L"), outputs=("c",), time_s=1.0),
+        ),
+        required=("L", "c"),
+    )
+    assert [g.nodes[i].id for i in sweep_positions(g)] == ["b0", "f1", "f2"]
+    ch = chain_view(g)
+    assert [n for s in ch.stages for n in s.forward_nodes] == ["b0", "f1", "f2"]
+    assert [n for s in ch.stages for n in s.backward_nodes] == ["b1"]
+    plan = expand(ch, straight(ch.num_stages))
+    assert simulate(g, plan).num_recomputes == 0
+    # a second forward of every stage skips "b0", which cannot run again, and stays valid
+    again = [ChainOp("forward", i) for i in range(ch.num_stages)]
+    simulate(g, expand(ch, again + straight(ch.num_stages)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(g=schema_graphs())
+def test_every_schema_graph_expands_to_valid_plans(g: Graph) -> None:
+    # Whatever the phases' order, every node of the graph in a stage (one stage of backward
+    # nodes when there is no forward pass), and schedules that run forwards again stay valid:
+    # the forward sweep runs before any backward that could need it.
+    ch = chain_view(g)
+    placed = [n for s in ch.stages for n in (*s.forward_nodes, *s.backward_nodes)]
+    assert sorted(placed) == sorted(n.id for n in g.nodes)
+    simulate(g, expand(ch, straight(ch.num_stages)))
+    again = [ChainOp("forward", i) for i in range(ch.num_stages)]
+    simulate(g, expand(ch, again + straight(ch.num_stages)))

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from _graphs import schema_graphs
 from handmade import chain_step, diamond, residual_step
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from remat import solver
 from remat.ir import Graph, Node, SolverUnavailableError, Value, eager_plan, simulate
@@ -165,14 +168,30 @@ def backward_made_read_later() -> Graph:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rotor's chain expansion drops the backward-made value (hierarchical, pofo and auto "
-    "start from rotor's plan); known, not yet fixed",
-)
 def test_a_backward_made_value_read_later_gets_valid_plans() -> None:
     g = backward_made_read_later()
     for name in solver.available():
         r = solver.solve(g, "50%", solver=name, time_limit_s=5)
         if r.plan is not None:
             simulate(g, r.plan)  # raises InvalidPlanError on a plan that reads a missing value
+
+
+# -- the contract on drawn graphs -----------------------------------------------------------
+
+DRAWN_TIME_LIMIT_S = 1.0
+
+
+@pytest.mark.parametrize("name", solver.available())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=schema_graphs(), frac=st.sampled_from((0.0, 0.3, 0.7, 0.95, None)))
+def test_contract_on_drawn_graphs(name: str, g: Graph, frac: float | None) -> None:
+    budget = budget_for(g, frac)
+    r = solver.get(name)(g, budget, time_limit_s=DRAWN_TIME_LIMIT_S)
+    assert r.budget_bytes == budget
+    if r.plan is not None:
+        sim = simulate(g, r.plan)  # raises InvalidPlanError if the plan is wrong
+        assert r.peak_bytes == sim.peak_bytes
+    if r.fits:
+        assert r.peak_bytes is not None and r.peak_bytes <= budget
+    if frac is None:
+        assert r.fits, r.message

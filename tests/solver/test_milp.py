@@ -8,6 +8,7 @@ from handmade import chain_step, diamond, residual_step
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.synthetic import chain, transformer, unet
 from remat.solver import get
+from remat.solver.checkmate_plans import replay
 from remat.solver.milp import CheckmateModel, run_checkmate, window_ladder
 
 milp = get("milp")
@@ -79,7 +80,7 @@ def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
         else:  # the ladder's windows run out of time before one has a plan (load-dependent)
             assert run.solution is not None and run.solution.status in ("timeout", "infeasible")
         return
-    plan, claimed_peak, claimed_time = run.model.replay(run.solution.values)
+    plan, claimed_peak, claimed_time = replay(run.model, run.solution.values)
     sim = simulate(g, plan)
     assert sim.peak_bytes == claimed_peak
     assert sim.total_time_s == pytest.approx(claimed_time, rel=1e-12)

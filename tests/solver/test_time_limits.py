@@ -104,13 +104,14 @@ def test_the_dp_chain_is_picked_by_counted_work() -> None:
 
 def test_mip_start_scan_checks_its_deadline_and_matches_a_plain_scan() -> None:
     from remat.solver.checkmate import CheckmateModel, is_var
+    from remat.solver.checkmate_plans import start_from_plan
     from remat.solver.deadline import Deadline as D
 
     g = transformer(1, d_model=16, seq_len=8, batch_size=2, vocab_size=32, num_heads=2)
     b = frac_budget(g, 0.8)
     cm = CheckmateModel.build(g, b)
     plan = eager_plan(g)
-    start = cm.start_from_plan(plan)
+    start = start_from_plan(cm, plan)
     assert start is not None
     # the plain reading of the same plan: every S entry takes the residency at its stage
     resident: set[str] = set()
@@ -128,7 +129,7 @@ def test_mip_start_scan_checks_its_deadline_and_matches_a_plain_scan() -> None:
         resident.update(cm.index.outs[k])
     assert {c: start[c] for c in want} == want
     with pytest.raises(Expired):
-        cm.start_from_plan(plan, deadline=D(at=0.0, clock=CountingClock()))
+        start_from_plan(cm, plan, deadline=D(at=0.0, clock=CountingClock()))
 
 
 def test_milp_and_lp_round_return_when_the_deadline_passed_while_building() -> None:
