@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TYPED := remat/ir remat/solver remat/api remat/report remat/cli.py remat/cli_common.py remat/cli_solvers.py remat/client.py remat/pytest_plugin.py remat/torch_compile.py remat/__init__.py remat/_version.py
 
-.PHONY: venv test test-all lint typecheck demo bench clean browser
+.PHONY: venv test test-all lint typecheck demo bench clean browser docs
 
 venv: $(STAMP)
 
@@ -35,6 +35,10 @@ browser:
 test-all: lint browser
 	REMAT_ARTIFACTS=artifacts $(PY) -m pytest -q -n 2 -p no:cacheprovider -m ''
 
+# The user guide (docs/, mkdocs.yml) into site/, warnings as errors.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -43,4 +47,4 @@ bench: $(STAMP)
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis

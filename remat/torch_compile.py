@@ -59,6 +59,8 @@ def backend(
     compiler
         ``"inductor"``, ``"aot_eager"`` or a callable compiling the forward and backward graphs.
 
+    Notes
+    -----
     See :class:`remat.executor.compile.RematBackend` for graph breaks and dynamic shapes.
     """
     from remat.executor.compile import RematBackend

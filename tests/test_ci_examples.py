@@ -1,5 +1,5 @@
 """The ready-made CI configurations: examples/ci/github-actions.yml and the GitLab job in
-README.md. Their structure is checked always; their commands run locally (installs left out:
+docs/ci.md. Their structure is checked always; their commands run locally (installs left out:
 this checkout is installed already) in the slow suite, twice, so the second run checks against
 the first run's baseline."""
 
@@ -28,8 +28,8 @@ def github() -> dict[str, Any]:
 
 
 def gitlab() -> dict[str, Any]:
-    m = re.search(r"<!-- gitlab-ci -->\n```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert m, "README.md has no GitLab CI block after <!-- gitlab-ci -->"
+    m = re.search(r"<!-- gitlab-ci -->\n```yaml\n(.*?)```", (ROOT / "docs" / "ci.md").read_text(), re.S)
+    assert m, "docs/ci.md has no GitLab CI block after <!-- gitlab-ci -->"
     return dict(yaml.safe_load(m.group(1)))
 
 
