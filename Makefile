@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-TYPED := remat/ir remat/solver remat/api remat/report remat/cli.py remat/cli_common.py remat/cli_solvers.py remat/client.py remat/pytest_plugin.py remat/torch_compile.py remat/__init__.py remat/_version.py
+TYPED := remat/ir remat/solver remat/api remat/report remat/cli.py remat/cli_common.py remat/cli_solvers.py remat/client.py remat/pytest_plugin.py remat/torch_compile.py remat/__init__.py remat/_version.py remat/enabling.py
 
 .PHONY: venv test test-all lint typecheck demo bench clean browser docs
 

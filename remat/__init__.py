@@ -64,6 +64,11 @@ def __getattr__(name: str) -> Any:
         import remat.executor as ex
 
         return getattr(ex, name)
+    if name in ("enable", "disable"):
+        # model = remat.enable(model, budget="12GiB"): planned at its first training call
+        import remat.enabling as en
+
+        return getattr(en, name)
     if name in ("backend", "compile"):
         # torch.compile(model, backend=remat.backend(budget="12GiB")), remat.compile(model, ...)
         import remat.torch_compile as tc

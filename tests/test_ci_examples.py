@@ -28,7 +28,9 @@ def github() -> dict[str, Any]:
 
 
 def gitlab() -> dict[str, Any]:
-    m = re.search(r"<!-- gitlab-ci -->\n```yaml\n(.*?)```", (ROOT / "docs" / "ci.md").read_text(), re.S)
+    m = re.search(
+        r"<!-- gitlab-ci -->\n```yaml\n(.*?)```", (ROOT / "docs" / "ci.md").read_text(), re.S
+    )
     assert m, "docs/ci.md has no GitLab CI block after <!-- gitlab-ci -->"
     return dict(yaml.safe_load(m.group(1)))
 

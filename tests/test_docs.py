@@ -26,7 +26,11 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Pages whose examples take long (several traces and solves, pytest inside, torch.compile):
 # run with `-m slow` (make test-all). README and getting-started always run.
 SLOW_PAGES = {
-    "docs/applying.md", "docs/ci.md", "docs/cli.md", "docs/cost-model.md", "docs/torch-compile.md"
+    "docs/applying.md",
+    "docs/ci.md",
+    "docs/cli.md",
+    "docs/cost-model.md",
+    "docs/torch-compile.md",
 }
 PAGE_TIMEOUT_S = 120
 
@@ -50,8 +54,12 @@ def blocks(page: Path) -> list[Block]:
         before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
         mark = NO_RUN.search(before)
         found.append(
-            Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1,
-                  mark.group(1) if mark else None)
+            Block(
+                m.group(1),
+                m.group(2),
+                text.count("\n", 0, m.start()) + 1,
+                mark.group(1) if mark else None,
+            )
         )
     return found
 

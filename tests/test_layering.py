@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "remat"
 
-# The order, bottom first: ir < tracer, solver < executor < report, torch_compile < api <
+# The order, bottom first: ir < tracer, solver < executor < report, torch_compile, enabling < api <
 # client < the `remat` facade < pytest_plugin < cli. Layers of one rank stay apart.
 RANK = {
     "ir": 0,
@@ -25,6 +25,7 @@ RANK = {
     "executor": 2,
     "report": 3,
     "torch_compile": 3,
+    "enabling": 3,
     "api": 4,
     "client": 5,
     "<remat>": 6,
@@ -42,6 +43,7 @@ ALLOWED = {
     "executor": {"ir", "tracer"},
     "report": {"ir", "solver"},
     "torch_compile": {"ir", "solver", "tracer", "executor"},
+    "enabling": {"ir", "solver", "executor"},
     "api": {"ir", "_version", "solver"},
     "client": {"ir", "api"},
     "<remat>": {
@@ -52,6 +54,7 @@ ALLOWED = {
         "tracer",
         "executor",
         "torch_compile",
+        "enabling",
         "client",
     },
     "pytest_plugin": {"<remat>", "ir", "solver", "tracer", "executor", "report"},

@@ -322,7 +322,7 @@ def _planned(
     from remat.tracer import capture
 
     example = _example(args, kwargs)
-    if applied.first is None:
+    if applied.first is None and applied.result is not None:
         cap = applied.capture
         applied.capture = None
         if cap is None:
@@ -391,7 +391,8 @@ def apply(
     model
         The model the plan was solved for.
     result
-        A solve result with a plan, or a :class:`~remat.ir.Plan`.
+        A solve result with a plan, or a :class:`~remat.ir.Plan`; None with ``replan``:
+        every input signature is then planned at its first call (``remat.enable``).
     graph
         The graph the plan was solved on; when given, the captured step must equal it. By
         default the one the result was solved on (``result.graph``: ``remat.solve`` attaches
@@ -426,7 +427,11 @@ def apply(
         )
     if mode != "op":
         raise ValueError(f"mode must be 'op' or 'checkpoint', got {mode!r}")
-    plan_to_run(result)
+    if result is None:
+        if replan is None:
+            raise ExecutorError("remat.apply needs a result, or replan= to plan each call")
+    else:
+        plan_to_run(result)
 
     if getattr(model, "_remat_applied", None) is not None:
         remove(model)
@@ -445,8 +450,8 @@ def apply(
         step = _planned(model, applied, args, kwargs)
         primals = step.capture.primals(model, _example(args, kwargs))
         out = _PlanFunction.apply(step, *primals)
-        output = step.capture.output
-        return out if output is None else output.rebuild(out)
+        around = step.capture.output or step.capture.returned
+        return out if around is None else around.rebuild(out)
 
     if example_inputs is not None:
         args_, kwargs_ = (

@@ -42,7 +42,7 @@ where eager CPU runs a fused kernel with its own saved workspace.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -154,6 +154,11 @@ class Capture(IrMapping):
     require_real: bool
     requires_grad: dict[str, bool] = field(default_factory=dict)
     target: str = "cpu"
+    returned: ModelOutput | None = None
+    """Where the model returns its own loss inside a structure (a transformers
+    ``ModelOutput`` with ``"loss"``, no ``loss_fn``): that structure, which ``forward`` then
+    returns with the loss in place and its other tensors None (the plan frees them as eager
+    would once the loss is made; eval and ``no_grad`` calls run the unmodified forward)."""
     output: ModelOutput | None = None
     """None when the step ends at a scalar loss (the tangent is ``ones``); else the step ends
     at the model's output (its value is :attr:`loss_value`, its incoming gradient
@@ -340,8 +345,10 @@ def capture(
         A tensor or a tuple of the model's positional arguments.
     loss_fn
         ``loss_fn(output) -> scalar``. When None, the model's output is the loss if it is a
-        scalar; otherwise (a tensor, or a structure such as a ``ModelOutput`` holding one
-        tensor) the loss is the caller's: the step ends at that output and its backward takes
+        scalar, or its ``"loss"`` entry if it is a mapping holding a scalar there (a
+        transformers ``ModelOutput`` given ``labels``: :attr:`Capture.returned`); otherwise
+        (a tensor, or a structure such as a ``ModelOutput`` holding one tensor) the loss is
+        the caller's: the step ends at that output and its backward takes
         the output's gradient (:attr:`Capture.output`; ``remat.apply``'s forward returns the
         output and autograd brings the gradient of the caller's loss).
     require_real
@@ -403,7 +410,7 @@ def capture(
         out = torch.func.functional_call(
             model, (params, buffers), tuple(call_args), dict(call_kwargs)
         )
-        loss = loss_fn(out) if loss_fn is not None else out
+        loss = loss_fn(out) if loss_fn is not None else _own_loss(out, captured)
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             return loss
         if loss_fn is None:
@@ -520,7 +527,26 @@ def capture(
         target=target,
     )
     cap.output = captured.get("output")
+    cap.returned = captured.get("returned")
     return cap
+
+
+def _own_loss(out: Any, captured: dict[str, Any]) -> Any:
+    """The loss a model returns inside its output, as transformers models do when given
+    ``labels`` (a ``ModelOutput`` whose ``"loss"`` entry is a scalar, read by ``Trainer`` as
+    ``outputs["loss"]``); else the output itself. Where the output holds its own loss, what
+    ``forward`` returns around it is kept in ``captured["returned"]``."""
+    if not isinstance(out, Mapping):
+        return out
+    loss = out.get("loss")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        return out
+    leaves, spec = pytree.tree_flatten(out)
+    (index,) = [i for i, x in enumerate(leaves) if x is loss]
+    # Only plain values survive; the capture's tensors (and objects holding them) are fake.
+    kept = [x if isinstance(x, (bool, int, float, str)) else None for x in leaves]
+    captured["returned"] = ModelOutput(spec=spec, leaves=kept, index=index)
+    return loss
 
 
 def _the_output(out: Any) -> tuple[torch.Tensor, ModelOutput]:

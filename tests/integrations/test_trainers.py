@@ -1,0 +1,240 @@
+"""A remat-planned model inside the trainers people use: transformers' Trainer, Accelerate and
+Lightning, with ``remat.enable(model, budget=...)`` as the one line, losses and gradients equal
+to the unmodified model's under the same seed, step by step.
+
+The libraries are the ``integrations`` extra (pinned in constraints.txt); outside CI a missing
+one skips its tests, under CI it fails them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import remat
+
+
+def _need(name: str) -> Any:
+    if os.environ.get("CI"):
+        return __import__(name)
+    return pytest.importorskip(name)
+
+
+transformers = _need("transformers")
+
+STEPS = 3
+SEED = 11
+
+
+def tiny_gpt2() -> Any:
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Dicts of input_ids, attention_mask and labels, as a tokenised dataset gives them."""
+
+    def __init__(self, n: int = 16, seq: int = 16) -> None:
+        g = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(0, 64, (n, seq), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x = self.ids[i]
+        return {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
+
+
+class LossLog(transformers.TrainerCallback):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        if logs and "loss" in logs:
+            self.losses.append(logs["loss"])
+
+
+def _train(model: Any, out: Path, **args: Any) -> tuple[list[float], Any]:
+    _need("accelerate")
+    log = LossLog()
+    trainer = transformers.Trainer(
+        model=model,
+        args=transformers.TrainingArguments(
+            output_dir=str(out),
+            max_steps=STEPS,
+            per_device_train_batch_size=4,
+            logging_steps=1,
+            use_cpu=True,
+            report_to=[],
+            seed=SEED,
+            save_strategy="no",
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            **args,
+        ),
+        train_dataset=Rows(),
+        eval_dataset=Rows(n=8),
+        callbacks=[log],
+    )
+    trainer.train()
+    return log.losses, trainer
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_trainer_trains_the_enabled_model_as_the_plain_one(
+    tmp_path: Path, accumulation: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = tiny_gpt2()
+    planned = copy.deepcopy(plain)
+    with caplog.at_level(logging.INFO, logger="remat"):
+        remat.enable(planned, budget="50%", time_limit_s=5)
+        assert type(planned) is type(plain) and not caplog.records  # nothing traced yet
+        ref, _ = _train(plain, tmp_path / "plain", gradient_accumulation_steps=accumulation)
+        got, trainer = _train(planned, tmp_path / "remat", gradient_accumulation_steps=accumulation)
+    assert len(got) == STEPS and got == ref  # the same losses, step by step (dropout on)
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p, q), n  # the same weights after the optimizer and scheduler
+    planned_lines = [r.getMessage() for r in caplog.records if "remat: planned" in r.getMessage()]
+    assert len(planned_lines) == 1 and "GPT2LMHeadModel" in planned_lines[0]  # once
+    assert "predicted peak" in planned_lines[0] and "overhead" in planned_lines[0]
+    steps = remat.executor.planned_steps(planned)
+    assert len(steps) == 1 and steps[0].simulation.recompute_time_s > 0  # it does recompute
+    # evaluation runs the unmodified forward (loss and logits), predictions too
+    metrics = trainer.evaluate()
+    assert "eval_loss" in metrics
+    pred = trainer.predict(Rows(n=4))
+    assert pred.predictions.shape[:2] == (4, 16)
+
+
+def test_enable_keeps_outputs_state_dict_and_disable_restores(tmp_path: Path) -> None:
+    model = tiny_gpt2().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    remat.enable(model, budget="50%", time_limit_s=5)
+    batch = Rows(n=2)[0]
+    batch = {k: v[None] for k, v in batch.items()}
+    out = model(**batch)
+    assert type(out).__name__ == "CausalLMOutputWithCrossAttentions"
+    assert out.loss.shape == () and out["loss"] is out.loss  # as Trainer reads it
+    out.loss.backward()
+    assert model.state_dict().keys() == before.keys()
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "ckpt")
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    # a new sequence length is planned once more under the same budget
+    short = {k: v[:, :8] for k, v in batch.items()}
+    model(**short).loss.backward()
+    assert len(remat.executor.planned_steps(model)) == 2
+    remat.disable(model)
+    assert "forward" not in model.__dict__ and remat.executor.planned_steps(model) == []
+
+
+def test_enable_runs_with_the_configs_cache_default_on() -> None:
+    """transformers decoders default to use_cache=True; enable turns it off in training, as
+    gradient_checkpointing_enable() does, so the plan (op level) stays exact."""
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    plain = transformers.LlamaForCausalLM(config).train()
+    assert plain.config.use_cache
+    planned = copy.deepcopy(plain)
+    remat.enable(planned, budget="50%", time_limit_s=5)
+    ids = torch.randint(0, 64, (2, 16))
+    planned(input_ids=ids, labels=ids).loss.backward()
+    plain(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), n
+
+
+def test_enable_refuses_a_budget_nothing_fits() -> None:
+    model = tiny_gpt2().train()
+    remat.enable(model, budget="1KiB")
+    batch = {k: v[None] for k, v in Rows(n=1)[0].items()}
+    with pytest.raises(remat.RematError, match=r"no plan for GPT2LMHeadModel .* fits 1\.00 KiB"):
+        model(**batch)
+
+
+def test_accelerate_prepare_backward_and_accumulate() -> None:
+    accelerate = _need("accelerate")
+    plain = tiny_gpt2().train()
+    planned = copy.deepcopy(plain)
+    remat.enable(planned, budget="50%", time_limit_s=5)
+    data = torch.utils.data.DataLoader(Rows(n=8), batch_size=2)
+    losses: dict[str, list[float]] = {}
+    for name, model in (("plain", plain), ("remat", planned)):
+        acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model_, opt_, data_ = acc.prepare(model, opt, data)
+        torch.manual_seed(SEED)
+        losses[name] = []
+        for batch in data_:
+            with acc.accumulate(model_):
+                loss = model_(**batch).loss
+                acc.backward(loss)
+                opt_.step()
+                opt_.zero_grad()
+            losses[name].append(loss.item())
+    assert len(losses["remat"]) == 4 and losses["remat"] == losses["plain"]
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p, q), n
+
+
+def test_lightning_training_step(tmp_path: Path) -> None:
+    pl = _need("pytorch_lightning")
+
+    class Module(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+            self.losses: list[float] = []
+
+        def training_step(self, batch: Any, _i: int) -> torch.Tensor:
+            loss = self.model(**batch).loss
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    runs = {}
+    for name in ("plain", "remat"):
+        model = tiny_gpt2()
+        if name == "remat":
+            remat.enable(model, budget="50%", time_limit_s=5)
+        module = Module(model)
+        trainer = pl.Trainer(
+            accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        )  # fmt: skip
+        torch.manual_seed(SEED)
+        trainer.fit(module, torch.utils.data.DataLoader(Rows(), batch_size=4))
+        runs[name] = (module.losses, model)
+    assert len(runs["remat"][0]) == STEPS and runs["remat"][0] == runs["plain"][0]
+    assert len(remat.executor.planned_steps(runs["remat"][1])) == 1
+
+
+def test_the_trainer_example_runs() -> None:
+    import subprocess
+    import sys
+
+    _need("accelerate")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "trainer.py")],
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "remat: planned GPT2LMHeadModel" in done.stderr and "eval loss" in done.stdout
