@@ -7,7 +7,8 @@ recomputed. What PyTorch then does, and what :func:`checkpoint_plan` writes down
 
 * forward: every node once, in graph order; a value made by a recomputed node of a region is
   freed after its last forward use; the region's inputs (values from outside that its
-  recomputed nodes read) are held by the checkpoint until the region's backward is done;
+  recomputed nodes read, and the block's tensor arguments, ``Value.held_by``) are held by the
+  checkpoint until the region's backward is done;
 * backward: the first backward node of a region that reads anything saved inside it (a value
   of the region, a region input or a parameter) triggers the region's recomputation, at once,
   before the first op of the autograd node it belongs to (``Node.autograd_node``: eager
@@ -223,6 +224,10 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         # The checkpoint's frame (region inputs, the policy's cache) lives until the last
         # backward node holding one of the region's saved tensors has run.
         end = packed[-1]
+        for val in graph.values:
+            # The frame holds the block's tensor arguments too, read by its ops or not.
+            if r.path in val.held_by and freeable(val.id):
+                hold[val.id] = max(hold.get(val.id, -1), end)
         for nid in todo:
             for x in graph.node(nid).inputs:
                 src = graph.producer_of(x)

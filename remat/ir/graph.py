@@ -61,6 +61,11 @@ class Value(BaseModel):
     (:func:`remat.ir.eager_plan`, the ``none`` solver and the budgets derived from it) frees the
     value there; every other plan may free it at its last use. It must name a node that does
     not run before the value's producer.
+
+    ``held_by`` (module paths, optional): the blocks whose ``forward`` is called with this
+    storage among its tensor arguments. A checkpoint region around such a block holds its
+    arguments until the region's backward is done, whether or not its ops read them (Llama's
+    decoder layers take ``position_ids`` they never read); the checkpoint class counts that.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,6 +77,7 @@ class Value(BaseModel):
     dtype: str | None = None
     producer: str | None = None
     eager_free_after: str | None = None
+    held_by: tuple[str, ...] = ()
 
 
 class Node(BaseModel):

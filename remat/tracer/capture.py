@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from remat.tracer.eager_frees import (
+    eager_block_args,
     eager_forward_frees,
     eager_in_place_nodes,
     fold_eager_frees,
@@ -515,7 +516,8 @@ def capture(
                 log, joint, mapping.graph, mapping.node_fx, mapping.fx_value
             )
             in_place = eager_in_place_nodes(log, joint, mapping.node_fx)
-            graph = fold_eager_frees(mapping.graph, frees, in_place)
+            held = eager_block_args(log, joint, mapping.graph, mapping.fx_value)
+            graph = fold_eager_frees(mapping.graph, frees, in_place, held)
             mapping = dataclasses.replace(mapping, graph=graph)
     cap = Capture.of(
         joint,

@@ -38,6 +38,7 @@ LossFn = Callable[[Any], torch.Tensor]
 
 __all__ = [
     "EagerForwardLog",
+    "eager_block_args",
     "eager_forward_frees",
     "eager_in_place_nodes",
     "fold_eager_frees",
@@ -73,6 +74,9 @@ class EagerForwardLog:
     freed_at: dict[int, int] = field(default_factory=dict)
     """Storage key -> number of ops that had started when it was freed (frees up to the
     moment the step would call ``backward``)."""
+    calls: list[tuple[str, int, list[int]]] = field(default_factory=list)
+    """Per submodule call: (its path, ops logged before it, keys of its tensor arguments'
+    storages)."""
     closed: bool = False
 
 
@@ -141,8 +145,27 @@ def replay_forward(
         [fake(x) if isinstance(x, torch.Tensor) else x for x in flat], spec
     )
     log = EagerForwardLog()
+    logger = _ForwardLogger(log)
+
+    def called(path: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, a: Any, kw: Any) -> None:
+            storages = [
+                t.untyped_storage()
+                for t in pytree.tree_leaves((a, kw))
+                if isinstance(t, torch.Tensor)
+            ]
+            keys = [logger._key_of[id(s)] for s in storages if id(s) in logger._key_of]
+            log.calls.append((path, len(log.keys), keys))
+
+        return hook
+
+    hooks = [
+        m.register_forward_pre_hook(called(path), with_kwargs=True)
+        for path, m in model.named_modules()
+        if path
+    ]
     try:
-        with mode, _ForwardLogger(log):
+        with mode, logger:
             out = torch.func.functional_call(model, {**params, **buffers}, fargs, fkwargs)
             loss = loss_fn(out) if loss_fn is not None else out
             del out
@@ -152,6 +175,9 @@ def replay_forward(
             del loss
     except Exception:  # a forward that needs real data: no fold
         return None
+    finally:
+        for h in hooks:
+            h.remove()
     return log
 
 
@@ -179,26 +205,10 @@ def eager_forward_frees(
         if cur is not None:
             last_ir[n.name] = cur
 
-    def value_of(n: torch.fx.Node, i: int) -> str | None:
-        if isinstance(n.meta.get("val"), torch.Tensor):
-            return fx_value.get(n.name)
-        for u in n.users:
-            if u.target is operator.getitem and u.args[1] == i:
-                return fx_value.get(u.name)
-        vid = f"{n.name}#{i}"
-        return vid if graph.has_value(vid) else None
-
     # Each eager storage -> the graph value that holds its last contents.
-    latest: dict[int, str] = {}
-    for i, fx in fx_of.items():
-        for out_i, key in log.made[i]:
-            vid = value_of(fx, out_i)
-            if vid is not None:
-                latest[key] = vid
-        for key in log.wrote[i]:
-            vid = value_of(fx, 0)
-            if vid is not None and key in latest:
-                latest[key] = vid
+    latest = {
+        key: made[-1][1] for key, made in _storage_values(log, fx_of, graph, fx_value).items()
+    }
 
     last_use: dict[str, int] = {}
     for pos, node in enumerate(graph.nodes):
@@ -226,6 +236,53 @@ def eager_forward_frees(
         if graph.node_position(node_id) > max(p, last_use.get(vid, p)):
             out[vid] = node_id
     return out
+
+
+def _storage_values(
+    log: EagerForwardLog,
+    fx_of: Mapping[int, torch.fx.Node],
+    graph: Graph,
+    fx_value: Mapping[str, str],
+) -> dict[int, list[tuple[int, str]]]:
+    """Eager storage key -> the graph values that hold its contents, in op order: (index of the
+    logged op that made or wrote it, value id). Functionalized, an eager storage written in
+    place is one value per write."""
+
+    def value_of(n: torch.fx.Node, i: int) -> str | None:
+        if isinstance(n.meta.get("val"), torch.Tensor):
+            return fx_value.get(n.name)
+        for u in n.users:
+            if u.target is operator.getitem and u.args[1] == i:
+                return fx_value.get(u.name)
+        vid = f"{n.name}#{i}"
+        return vid if graph.has_value(vid) else None
+
+    history: dict[int, list[tuple[int, str]]] = {}
+    for i, fx in sorted(fx_of.items()):
+        for out_i, key in log.made[i]:
+            vid = value_of(fx, out_i)
+            if vid is not None:
+                history.setdefault(key, []).append((i, vid))
+        for key in log.wrote[i]:
+            vid = value_of(fx, 0)
+            if vid is not None and key in history:
+                history[key].append((i, vid))
+    return history
+
+
+def eager_block_args(
+    log: EagerForwardLog, joint: torch.fx.GraphModule, graph: Graph, fx_value: Mapping[str, str]
+) -> dict[str, tuple[str, ...]]:
+    """Value id -> the module paths whose ``forward`` was called with its storage among the
+    tensor arguments (``Value.held_by``): the contents the storage held at the call."""
+    history = _storage_values(log, _aligned(log, joint), graph, fx_value)
+    held: dict[str, set[str]] = {}
+    for path, at, keys in log.calls:
+        for key in keys:
+            before = [vid for i, vid in history.get(key, []) if i < at]
+            if before:
+                held.setdefault(before[-1], set()).add(path)
+    return {vid: tuple(sorted(paths)) for vid, paths in held.items()}
 
 
 def _aligned(log: EagerForwardLog, joint: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
@@ -268,16 +325,26 @@ def _last_at_most(sorted_ints: list[int], x: int) -> int | None:
 
 
 def fold_eager_frees(
-    graph: Graph, frees: Mapping[str, str | None], in_place: frozenset[str] = frozenset()
+    graph: Graph,
+    frees: Mapping[str, str | None],
+    in_place: frozenset[str] = frozenset(),
+    held_by: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Graph:
-    """``graph`` with ``eager_free_after`` set on the values in ``frees`` and
-    ``eager_in_place`` on the nodes in ``in_place``."""
-    if not frees and not in_place:
+    """``graph`` with ``eager_free_after`` set on the values in ``frees``, ``held_by`` on the
+    values in ``held_by`` and ``eager_in_place`` on the nodes in ``in_place``."""
+    held_by = held_by or {}
+    if not frees and not in_place and not held_by:
         return graph
-    values = [
-        v.model_copy(update={"eager_free_after": frees[v.id]}) if v.id in frees else v
-        for v in graph.values
-    ]
+
+    def update(v: Any) -> dict[str, Any]:
+        up: dict[str, Any] = {}
+        if v.id in frees:
+            up["eager_free_after"] = frees[v.id]
+        if v.id in held_by:
+            up["held_by"] = held_by[v.id]
+        return up
+
+    values = [v.model_copy(update=update(v)) if update(v) else v for v in graph.values]
     nodes = [
         n.model_copy(update={"eager_in_place": True}) if n.id in in_place else n
         for n in graph.nodes

@@ -66,5 +66,9 @@ def test_zoo_apply_is_exact(name: str, frac: float, mode: str) -> None:
             assert p.grad is not None and torch.equal(p.grad, grads[n]), n
     predicted = case.simulation.peak_dynamic_bytes
     assert abs(case.measured.peak_dynamic_bytes - predicted) <= 0.02 * predicted
+    if mode == "checkpoint":
+        # to the byte: the frame's hold on the blocks' tensor arguments is counted
+        # (Value.held_by; Llama's cache_position and OPT's position_ids were 128-256 B over)
+        assert case.measured.peak_dynamic_bytes == predicted
     if case.result.fits:
         assert case.measured.peak_bytes <= budget
