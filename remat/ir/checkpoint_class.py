@@ -173,6 +173,11 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         for x in n.inputs:
             (last_fwd if n.phase == "forward" else last_bwd)[x] = i
 
+    args_of: dict[str, list[str]] = {}  # block path -> the values its forward is given
+    for val in graph.values:
+        for path in val.held_by:
+            args_of.setdefault(path, []).append(val.id)
+
     # Per region: the backward node that triggers its recomputation, the recomputed nodes, and
     # the end of its backward (when the checkpoint releases its inputs).
     trigger: dict[int, Region] = {}
@@ -224,10 +229,10 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         # The checkpoint's frame (region inputs, the policy's cache) lives until the last
         # backward node holding one of the region's saved tensors has run.
         end = packed[-1]
-        for val in graph.values:
+        for x in args_of.get(r.path, ()):
             # The frame holds the block's tensor arguments too, read by its ops or not.
-            if r.path in val.held_by and freeable(val.id):
-                hold[val.id] = max(hold.get(val.id, -1), end)
+            if freeable(x):
+                hold[x] = max(hold.get(x, -1), end)
         for nid in todo:
             for x in graph.node(nid).inputs:
                 src = graph.producer_of(x)
