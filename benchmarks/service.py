@@ -87,6 +87,7 @@ async def _clients(
 ) -> dict[str, Any]:
     lat: list[float] = []
     errors = 0
+    kinds: dict[str, int] = {}  # what each error was: a status, a job's end, a transport error
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
 
     async def one(i: int, h: httpx.AsyncClient) -> None:
@@ -102,26 +103,36 @@ async def _clients(
                         "solver": "checkpoint-all",
                     }
                 t = time.perf_counter()
+                kind = ""
                 try:
                     resp = await h.post(url + path, json=body)
                     ok = resp.status_code in (200, 202)
+                    if not ok:
+                        kind = f"{path} {resp.status_code}: {resp.text[:120]}"
                     if ok and resp.status_code == 202:
                         job = resp.json()["id"]
                         while True:
                             j = await h.get(f"{url}/v1/jobs/{job}")
+                            if j.status_code != 200:
+                                ok, kind = False, f"GET job {j.status_code}: {j.text[:120]}"
+                                break
                             state = j.json().get("status")
                             if state not in ("queued", "running"):
                                 ok = state == "done"
+                                if not ok:
+                                    kind = f"job {state}: {str(j.json().get('error'))[:120]}"
                                 break
                             await asyncio.sleep(0.05)
-                except httpx.HTTPError:
-                    ok = False
+                except httpx.HTTPError as exc:
+                    ok, kind = False, f"{path} {type(exc).__name__}: {str(exc)[:80]}"
                 lat.append(time.perf_counter() - t)
                 errors += not ok
+                if kind:
+                    kinds[kind] = kinds.get(kind, 0) + 1
 
     async with httpx.AsyncClient(timeout=600, limits=limits) as h:
         await asyncio.gather(*(one(i, h) for i in range(n)))
-    return {"lat": lat, "errors": errors}
+    return {"lat": lat, "errors": errors, "kinds": kinds}
 
 
 def _client_proc(args: tuple[list[str], str, int, int, int, int]) -> dict[str, Any]:
@@ -173,7 +184,16 @@ def _load(
         "p99": _pct(lat, 0.99),
         "health_p99": _pct(health, 0.99),
         "errors": sum(p["errors"] for p in parts),
+        "kinds": _sum_counts(p["kinds"] for p in parts),
     }
+
+
+def _sum_counts(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, n in c.items():
+            total[k] = total.get(k, 0) + n
+    return total
 
 
 def _store_graph(url: str) -> tuple[str, int]:
@@ -353,6 +373,8 @@ def main() -> None:
             f"{name:<34} {n:>7} {r['n']:>6} {r['rps']:>7.1f} {r['p50'] * 1e3:>8.0f} "
             f"{r['p99'] * 1e3:>8.0f} {r['health_p99'] * 1e3:>9.0f}ms {r['errors']:>6}"
         )
+        for kind, count in sorted(r["kinds"].items(), key=lambda kv: -kv[1]):
+            print(f"    {count:>5} x {kind}")
     if hostile:
         print(f"\n{'hostile request (sqlite server)':<44} {'s':>6}  answer")
         for name, what, secs in hostile:

@@ -251,10 +251,25 @@ def test_trace_and_check_a_model_spec(tmp_path: Path, capsys: pytest.CaptureFixt
     spec = f"{model}:build"
     out = tmp_path / "g.json"
     assert main(["trace", spec, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
     g = Graph.from_json(out.read_text())
     assert g.num_nodes > 0 and g.static_bytes > 0
+    # priced as remat.trace prices by default (the measured roofline of this CPU), not by FLOPs
+    # with element-wise ops free, and said so; --cost flops still asks for FLOPs
+    from remat.tracer import trace_spec
+
+    library = trace_spec(spec)
+    assert g.device is not None and library.device is not None
+    assert g.device.name == library.device.name == "cpu-local"
+    assert all(n.time_s > 0 for n in g.nodes)  # the roofline prices every op, relu included
+    assert "cost model" in printed and "cpu-local roofline" in printed
     assert main(["check", spec, "--budget", "100%"]) == 0
-    assert "PASS" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "PASS" in out_text and "cpu-local roofline" in out_text
+    assert main(["trace", spec, "--cost", "flops", "--out", str(out)]) == 0
+    flops = Graph.from_json(out.read_text())
+    assert flops.device is None and any(n.time_s == 0 for n in flops.nodes)
+    assert "none recorded" in capsys.readouterr().out
     assert main(["trace", f"{model}:missing"]) == 2
 
 
@@ -290,32 +305,3 @@ def test_every_subcommand_runs_with_its_defaults(
     assert "(default)" in capsys.readouterr().out
     assert main(["check", str(graph_file), "--budget", "100%"]) == 0
     assert "PASS" in capsys.readouterr().out
-
-
-def test_trace_and_check_price_with_the_librarys_default_cost(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`remat trace` and `remat check` price a model as remat.trace does by default (the
-    measured roofline of this CPU, profile 'cpu-local'), not by FLOPs with element-wise ops
-    free, and say so; --cost flops still asks for FLOPs."""
-    pytest.importorskip("torch")
-    from remat.tracer import trace_spec
-
-    model = tmp_path / "tiny_model.py"
-    model.write_text(MODEL)
-    spec = f"{model}:build"
-    out = tmp_path / "g.json"
-    assert main(["trace", spec, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    g = Graph.from_json(out.read_text())
-    library = trace_spec(spec)
-    assert g.device is not None and library.device is not None
-    assert g.device.name == library.device.name == "cpu-local"
-    assert all(n.time_s > 0 for n in g.nodes)  # the roofline prices every op, relu included
-    assert "cost model" in printed and "cpu-local roofline" in printed
-    assert main(["check", spec, "--budget", "100%"]) == 0
-    assert "cpu-local roofline" in capsys.readouterr().out
-    assert main(["trace", spec, "--cost", "flops", "--out", str(out)]) == 0
-    flops = Graph.from_json(out.read_text())
-    assert flops.device is None and any(n.time_s == 0 for n in flops.nodes)
-    assert "none recorded" in capsys.readouterr().out

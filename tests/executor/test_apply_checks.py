@@ -61,13 +61,10 @@ def test_another_model_is_refused_at_apply() -> None:
 def test_checkpoint_mode_refuses_a_cache_it_cannot_replay() -> None:
     """transformers decoders default to use_cache=True and pass a DynamicCache to each layer
     even in training; a checkpoint region that recomputes would append to it again."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).train()
+    pytest.importorskip("transformers")
+    from tiny_transformers import tiny_llama
+
+    model = tiny_llama()
     assert model.config.use_cache  # the default
     ids = torch.randint(0, 64, (2, 8))
     batch = {"input_ids": ids, "labels": ids, "use_cache": False}

@@ -143,12 +143,9 @@ def test_enable_keeps_outputs_state_dict_and_disable_restores(tmp_path: Path) ->
 def test_enable_runs_with_the_configs_cache_default_on() -> None:
     """transformers decoders default to use_cache=True; enable turns it off in training, as
     gradient_checkpointing_enable() does, so the plan (op level) stays exact."""
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    plain = transformers.LlamaForCausalLM(config).train()
+    from tiny_transformers import tiny_llama
+
+    plain = tiny_llama()
     assert plain.config.use_cache
     planned = copy.deepcopy(plain)
     remat.enable(planned, budget="50%", time_limit_s=5)
