@@ -60,6 +60,17 @@ class JobFailed(RematError):
         self.job = job
 
 
+def _retry_after(r: httpx.Response) -> float | None:
+    """Seconds to wait before sending again, for a deferred request (429 or 503 with a
+    ``Retry-After`` in seconds); None for any other answer."""
+    if r.status_code not in (429, 503):
+        return None
+    try:
+        return max(0.0, float(r.headers.get("retry-after", "")))
+    except ValueError:
+        return None
+
+
 def _graph_fields(graph: GraphLike) -> dict[str, Any]:
     if isinstance(graph, str):
         return {"graph_id": graph}
@@ -80,6 +91,11 @@ class Client:
     timeout_s
         HTTP timeout of one request (a synchronous solve can take up to the service's
         ``sync_time_limit_s``).
+    max_retries
+        How often a request the service deferred is sent again: a 429 (queue full) or 503
+        (busy, or its store unavailable) with ``Retry-After`` is backpressure, not failure (the
+        service did no work for it), so the client waits as long as the header says (at most
+        ``max_wait_s`` each time) and tries again; after that the :class:`ServiceError`.
     """
 
     def __init__(
@@ -89,9 +105,15 @@ class Client:
         *,
         timeout_s: float = 120.0,
         transport: httpx.BaseTransport | None = None,
+        max_retries: int = 5,
+        max_wait_s: float = 30.0,
+        sleep: Any = time.sleep,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
+        self.max_retries = max_retries
+        self.max_wait_s = max_wait_s
+        self._sleep = sleep
         self._http = httpx.Client(
             base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
         )
@@ -106,12 +128,17 @@ class Client:
         self._http.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise ServiceUnreachable(
-                f"no answer from the service at {self._http.base_url}: {exc}"
-            ) from exc
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                raise ServiceUnreachable(
+                    f"no answer from the service at {self._http.base_url}: {exc}"
+                ) from exc
+            wait = _retry_after(r)
+            if wait is None or attempt == self.max_retries:
+                break
+            self._sleep(min(wait, self.max_wait_s))
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail", r.text)

@@ -5,9 +5,30 @@ so that many large uploads arriving together cannot exhaust the server's memory.
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+DRAIN_MAX_BYTES = 1 << 30
+"""How much of a refused body is read and dropped, at most, before the connection is closed."""
+DRAIN_MAX_S = 30.0
+"""How long a refused body is read and dropped, at most."""
+
+
+async def drain(receive: Receive) -> None:
+    """Read and drop the rest of a refused request's body, before the refusal is sent. The
+    server closes the connection as soon as a ``connection: close`` answer is sent; with bytes
+    of the body still unread the kernel resets it, and a client still sending (four 155 MiB
+    bodies at once) saw the reset instead of its 413. Read to the end first, the answer
+    arrives. Bounded (:data:`DRAIN_MAX_BYTES`, :data:`DRAIN_MAX_S`): past that an endless body
+    still ends in a reset."""
+    read, start = 0, time.monotonic()
+    while read < DRAIN_MAX_BYTES and time.monotonic() - start < DRAIN_MAX_S:
+        msg: Message = await receive()
+        if msg["type"] != "http.request" or not msg.get("more_body", False):
+            return
+        read += len(msg.get("body", b""))
 
 
 class BodyLimit:
@@ -65,6 +86,7 @@ class BodyLimit:
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
+                    await drain(receive)
                     await self._refuse(send)
                     return
         chunks: list[bytes] = []
@@ -76,11 +98,10 @@ class BodyLimit:
                     break  # the client went away; let the app see it
                 chunk: bytes = msg.get("body", b"")
                 size += len(chunk)
-                if size > self.max_bytes:
-                    await self._refuse(send)
-                    return
-                if self._over_held(len(chunk)):
-                    await self._busy(send)
+                if size > self.max_bytes or self._over_held(len(chunk)):
+                    if msg.get("more_body", False):
+                        await drain(receive)
+                    await (self._refuse(send) if size > self.max_bytes else self._busy(send))
                     return
                 self.held_bytes += len(chunk)
                 chunks.append(chunk)
