@@ -178,7 +178,12 @@ class _PlanFunction(torch.autograd.Function):
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """What a plan depends on in a call: tensor shapes, dtypes, devices, the other arguments,
-    and the autocast state."""
+    the autocast state, and the two facts of the batch's data that the capture reads as eager
+    transformers does (whether the ``attention_mask`` masks no token, whether each row of the
+    ``position_ids`` is one sequence): a batch with padding after one without is another step
+    (an explicit mask), and must not run the first one's plan."""
+    from remat.tracer.patches import single_sequence_positions, unpadded_attention_mask
+
     leaves, spec = pytree.tree_flatten((args, kwargs))
     parts: list[Any] = [str(spec)]
     for x in leaves:
@@ -189,6 +194,8 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     parts.append(
         ("autocast", torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")))
     )
+    if kwargs and not args:
+        parts.append(("data", unpadded_attention_mask(kwargs), single_sequence_positions(kwargs)))
     return tuple(parts)
 
 

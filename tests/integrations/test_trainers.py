@@ -235,3 +235,23 @@ def test_the_trainer_example_runs() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "remat: planned GPT2LMHeadModel" in done.stderr and "eval loss" in done.stdout
+
+
+def test_a_padded_batch_is_planned_apart_from_an_unpadded_one() -> None:
+    """The capture reads one fact of the batch's data as eager transformers does (a mask that
+    masks no token is left to attention's is_causal); a padded batch of the same shapes is
+    another step, planned on its own, and both give the plain model's loss."""
+    plain = tiny_gpt2().train()
+    planned = copy.deepcopy(plain)
+    remat.enable(planned, budget="50%", time_limit_s=5)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    full = torch.ones_like(ids)
+    padded = full.clone()
+    padded[1, 12:] = 0
+    for mask in (full, padded, full):
+        torch.manual_seed(5)
+        got = planned(input_ids=ids, attention_mask=mask, labels=ids).loss
+        torch.manual_seed(5)
+        want = plain(input_ids=ids, attention_mask=mask, labels=ids).loss
+        assert torch.equal(got, want)
+    assert len(remat.executor.planned_steps(planned)) == 2
