@@ -140,7 +140,10 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if args.json:
         print(dump_frontier(points))
         return EXIT_OK
-    print(f"remat frontier: {args.graph} ({graph.num_nodes} nodes)")
+    print(
+        f"remat frontier: {args.graph} ({graph.num_nodes} nodes; times priced by the "
+        f"{cost_model_text(graph)})"
+    )
     print(frontier_text(points))
     if args.plot:
         print(f"  wrote {args.plot}")

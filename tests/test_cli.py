@@ -295,7 +295,7 @@ def test_every_subcommand_runs_with_its_defaults(
     without --solver crashed (AttributeError: remat.solver has no DEFAULT_SOLVER)."""
     assert main(["frontier", str(graph_file), "--budgets", "100%,70%", "--time-limit", "5"]) == 0
     out = capsys.readouterr().out
-    assert solvers.default_solver() in out and "remat frontier" in out
+    assert solvers.default_solver() in out and "remat frontier" in out and "priced by" in out
     assert main(["solve", str(graph_file), "--budget", "70%", "--time-limit", "5"]) == 0
     out = capsys.readouterr().out
     assert f"{solvers.default_solver()} (" in out and "cost model" in out
