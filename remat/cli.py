@@ -452,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_frontier)
 
     sp = sub.add_parser("check", help="exit 1 unless a plan fits the budget (for CI)")
-    sp.add_argument("target", help="GRAPH.json, or a trace spec such as examples/gpt.py:build")
+    sp.add_argument("target", help="GRAPH.json, or a trace spec such as examples/models.py:build_gpt")
     sp.add_argument("--budget", required=True)
     sp.add_argument(
         "--max-overhead", type=float, metavar="FRAC", help="fail above this extra time, e.g. 0.25"
@@ -489,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_solvers)
 
     sp = sub.add_parser("trace", help="trace a model into a graph (needs torch)")
-    sp.add_argument("spec", help="e.g. examples/gpt.py:build or package.module:function")
+    sp.add_argument("spec", help="e.g. examples/models.py:build_gpt or package.module:function")
     cost_arg(sp)
     sp.add_argument("--out", metavar="GRAPH.json")
     quiet_arg(sp)
