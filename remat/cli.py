@@ -452,7 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_frontier)
 
     sp = sub.add_parser("check", help="exit 1 unless a plan fits the budget (for CI)")
-    sp.add_argument("target", help="GRAPH.json, or a trace spec such as examples/models.py:build_gpt")
+    sp.add_argument(
+        "target", help="GRAPH.json, or a trace spec such as examples/models.py:build_gpt"
+    )
     sp.add_argument("--budget", required=True)
     sp.add_argument(
         "--max-overhead", type=float, metavar="FRAC", help="fail above this extra time, e.g. 0.25"
