@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,11 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer, model: nn.Module) ->
                 groups.append(
                     {**{k: v for k, v in group.items() if k != "params"}, "params": fakes}
                 )
-            opt = type(optimizer)(groups, **optimizer.defaults)
+            # Only the settings the class's constructor takes: AdamW's defaults hold Adam's
+            # decoupled_weight_decay, which AdamW() refuses. Each group carries its own anyway.
+            accepted = inspect.signature(type(optimizer).__init__).parameters
+            defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+            opt = type(optimizer)(groups, **defaults)
             opt.step()
             return _state_bytes(opt.state.values())
     except Exception as exc:  # an optimizer that cannot step on fake tensors

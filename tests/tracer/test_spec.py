@@ -62,10 +62,12 @@ def test_spec_must_return_a_model(tmp_path) -> None:
         load_spec(f"{src}:build")
 
 
-def test_optimizer_state_is_static() -> None:
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
+def test_optimizer_state_is_static(optimizer: type[torch.optim.Optimizer]) -> None:
+    # AdamW's defaults hold Adam's decoupled_weight_decay, which AdamW() refused (TraceError)
     model, inputs, loss_fn = build_mlp(batch=4, in_features=8, hidden=16, depth=2)
     param_bytes = sum(p.numel() * 4 for p in model.parameters())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = optimizer(model.parameters(), lr=1e-3)
     estimated = optimizer_state_bytes(opt, model)
     # What one real step creates: exp_avg and exp_avg_sq per parameter plus a step counter.
     loss_fn(model(*inputs)).backward()
