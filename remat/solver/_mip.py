@@ -9,14 +9,44 @@ variables and gives the MIP dual bound, which pulp does not expose.
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from remat.ir import SolverUnavailableError
+
+_banner_lock = threading.Lock()
+_banner_done = False
+
+
+def _new_highs(highspy: Any) -> Any:
+    """A ``highspy.Highs``, without the two-line banner its C++ constructor writes to the
+    process's standard output the first time (before any option can turn output off): remat's
+    own output (the command line's tables, ``--json``) stays its own."""
+    global _banner_done
+    with _banner_lock:
+        if _banner_done:
+            return highspy.Highs()
+        _banner_done = True
+        sys.stdout.flush()
+        try:
+            saved = os.dup(1)
+        except OSError:  # no standard output to guard
+            return highspy.Highs()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+            return highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(devnull)
 
 Backend = Literal["highs", "cbc"]
 IncumbentCallback = Callable[[float, float | None], None]
@@ -128,7 +158,7 @@ class SparseModel:
         except ImportError as exc:  # pragma: no cover - highspy is a dependency
             raise SolverUnavailableError("the HiGHS back end needs highspy") from exc
         t0 = time.perf_counter()
-        h = highspy.Highs()  # type: ignore[no-untyped-call]
+        h = _new_highs(highspy)
         h.setOptionValue("output_flag", False)
         if time_limit_s is not None:
             h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
