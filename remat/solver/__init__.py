@@ -22,6 +22,7 @@ from remat.solver import (  # noqa: F401  (importing a solver module registers i
     hierarchical,
     lp_round,
     milp,
+    offload,
     pofo,
     revolve,
     rotor,

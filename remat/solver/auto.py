@@ -53,13 +53,14 @@ from dataclasses import replace
 from pydantic import Field
 
 from remat.ir import Plan, SolverBugError
-from remat.ir.result import Progress, SolveResult, best_result, speed_key
+from remat.ir.result import Progress, SolveResult, best_result, peak_key, speed_key
 from remat.solver import known
 from remat.solver.base import SolverOptions, info, register
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
+from remat.solver.offload import combine, combined_bound, offload_pass
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 600
@@ -77,6 +78,11 @@ BASELINES_SHARE = 0.2
 """On graphs above :data:`MILP_MAX_NODES` nodes, the share of the time limit kept from
 ``hierarchical`` for ``rotor``, ``checkpoint-all`` and Chen's greedy, which run after it."""
 
+OFFLOAD_SHARE = 0.25
+"""With offloading, the share of the time limit kept for
+:func:`remat.solver.offload.combine` (recompute-only plans for larger budgets, offloaded down
+to the budget), which runs after the recompute-only methods."""
+
 DTR_NEXT_USE = "dtr/next-use"
 """``auto``'s name for its second ``dtr`` run, scored by the distance to the next read."""
 
@@ -89,7 +95,11 @@ _log = logging.getLogger(__name__)
 class AutoOptions(SolverOptions):
     """Options of ``auto``."""
 
-    offload: bool = Field(False, description="Also try pofo (plans that offload to the host).")
+    offload: bool | None = Field(
+        None,
+        description="Plans that offload to the host too (default: when the graph's device "
+        "has a host link with a host memory budget).",
+    )
     gap_tolerance: float = Field(
         DEFAULT_GAP_TOLERANCE,
         ge=0.0,
@@ -107,7 +117,7 @@ class AutoOptions(SolverOptions):
 def solve_auto(
     problem: Problem,
     *,
-    offload: bool = False,
+    offload: bool | None = None,
     gap_tolerance: float = DEFAULT_GAP_TOLERANCE,
 ) -> SolveResult:
     """Run the solvers that suit the graph within the time limit (default 60 s) and return
@@ -122,8 +132,13 @@ def solve_auto(
     Parameters
     ----------
     offload
-        Also try ``pofo`` (offloading to host memory), whose plans move data over the host
-        link and need an executor that supports it.
+        Also make plans that offload to host memory: ``pofo`` and recompute-only plans for
+        larger budgets offloaded down to this one (:func:`remat.solver.offload.combine`),
+        whose copies need an executor with a copy stream. Default (None): on when the graph's
+        device has a host link with a host memory budget (the datasheet profiles), off
+        otherwise (the local CPU, graphs without a device). Whatever it finds, the fastest
+        simulated plan wins, so offloading never makes the answer slower than the
+        recompute-only one; the bound is then :func:`remat.solver.offload.combined_bound`.
     gap_tolerance
         Stop as soon as the best plan is within this relative gap of the best proven lower
         bound (``0``: run every method; ``0.01``: 1%, the default).
@@ -134,6 +149,8 @@ def solve_auto(
     limit = problem.time_limit_s
     assert limit is not None
     graph = problem.graph
+    if offload is None:
+        offload = graph.device is not None and graph.device.can_offload
     base = problem.baseline_time_s
     eager = info("none").run(problem)
     if eager.fits:
@@ -188,13 +205,9 @@ def solve_auto(
         )
 
     # the lower bound first, on a small share: it is cheap at any size (the LP only on small
-    # graphs) and valid whatever the methods below find
-    bound = best_bound(
-        graph,
-        problem.budget_bytes,
-        deadline=Deadline(problem.deadline).share(0.1),
-        offload=offload,
-    )
+    # graphs) and valid whatever the recompute-only methods below find (with offloading it
+    # only stops their search early; the answer's bound is the combined one, at the end)
+    bound = best_bound(graph, problem.budget_bytes, deadline=Deadline(problem.deadline).share(0.1))
     proven = [bound.time_s]
 
     def close_enough() -> bool:
@@ -234,7 +247,8 @@ def solve_auto(
         share = max(0.1, min(problem.time_left_s(), 0.25 * limit))
         if name == "hierarchical":
             if not exact_fits:
-                share = max(0.1, problem.time_left_s() - BASELINES_SHARE * limit)
+                kept = BASELINES_SHARE + (OFFLOAD_SHARE if offload else 0.0)
+                share = max(0.1, problem.time_left_s() - kept * limit)
             # it keeps rotor's plan when it is faster (none yet on large graphs), and stops
             # trying block sizes once a plan is within a quarter of the
             # gap tolerance of the bound (its later block sizes are cheap where the first
@@ -253,6 +267,8 @@ def solve_auto(
         else:
             run(name, share)
     stopped = stopped or close_enough()
+    if offload and problem.time_left_s() > 0.1:
+        _combine(problem, results, max(0.1, min(problem.time_left_s(), OFFLOAD_SHARE * limit)))
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",
@@ -263,13 +279,29 @@ def solve_auto(
     tried = ", ".join(r.solver for r in results)
     if skipped:
         tried += f"; skipped {', '.join(skipped)} (invalid plan, logged)"
+    device = graph.device.name if graph.device is not None else "no device"
+    how = (
+        f"; offloading on (the host link of {device}; offload=False turns it off)"
+        if offload
+        else "; recompute only"
+    )
     best = best_result(results)
     assert best is not None
     if not best.fits:
-        return _smallest_known(problem, results, t0, limit, tried)
+        return _smallest_known(problem, results, t0, limit, tried + how, offload=offload)
     assert best.plan is not None and best.figures is not None
     best_time = best.figures.total_time_s
-    lb = _bound(results, base, proven, below=best_time)
+    if offload:
+        # the recompute-only bounds do not hold for plans that offload: the combined one does
+        combined = combined_bound(
+            graph,
+            problem.budget_bytes,
+            upper_s=best_time,
+            deadline=Deadline.after(max(0.1, min(problem.time_left_s(), 0.05 * limit))),
+        )
+        lb = max(base, min(combined, best_time))
+    else:
+        lb = _bound(results, base, proven, below=best_time)
     is_optimal = best_time <= lb * (1 + 1e-9)
     gap = max(0.0, best_time / lb - 1) if lb > 0 else None
     early = " (within gap_tolerance of its bound: stopped early)" if stopped else ""
@@ -279,10 +311,42 @@ def solve_auto(
             "status": "optimal" if is_optimal else "feasible",
             "lower_bound_s": lb,
             "gap": gap,
-            "message": f"best plan from {best.solver}; tried {tried}{early}",
+            "message": f"best plan from {best.solver}; tried {tried}{early}{how}",
             "solve_time_s": time.perf_counter() - t0,
         }
     )
+
+
+COMBINED = "recompute+offload"
+"""The name ``auto`` gives plans of :func:`remat.solver.offload.combine`."""
+
+
+def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> None:
+    """Recompute-only plans (``hierarchical``, ``dtr``) for larger budgets, offloaded down to
+    the budget (:func:`remat.solver.offload.combine`), added to ``results``."""
+    t0 = time.perf_counter()
+    deadline = Deadline.after(time_s)
+
+    def plan_at(budget_bytes: int, dl: Deadline) -> Plan | None:
+        found: list[SolveResult] = []
+        for name in ("hierarchical", "dtr"):
+            left = dl.left_s()
+            if left <= 0:
+                break
+            # at another budget: its incumbents are not auto's, so they are not relayed
+            sub = replace(
+                problem.with_budget(budget_bytes).with_time_limit(max(0.1, left / 2)),
+                on_progress=None,
+            )
+            try:
+                found.append(info(name).run(sub))
+            except SolverBugError as exc:
+                _log.error("auto: skipping solver %r, whose plan is invalid: %s", name, exc)
+        best = best_result(found)
+        return best.plan if best is not None and best.fits else None
+
+    for plan in combine(problem, plan_at, deadline=deadline):
+        results.append(problem.result(plan, solver=COMBINED, started=t0))
 
 
 def _bound(
@@ -309,8 +373,12 @@ def _smallest_known(
     t0: float,
     limit: float,
     tried: str,
+    *,
+    offload: bool = False,
 ) -> SolveResult:
-    """No method fits: the smallest plan known for the graph, after a short search below it."""
+    """No method fits: the smallest plan known for the graph, after a short search below it;
+    with ``offload``, that plan offloaded down to the budget when the link can take it there
+    (then it fits, and is the answer)."""
     graph = problem.graph
     share = min(max(0.0, problem.time_left_s()), 0.25 * limit)
     if share > 0.2:
@@ -320,6 +388,25 @@ def _smallest_known(
     assert best is not None
     if low is not None and (best.peak_bytes is None or low.peak_bytes < best.peak_bytes):
         best = problem.result(low.plan, solver=low.solver, started=t0)
+    if offload and best.plan is not None:
+        plan, _ = offload_pass(
+            graph,
+            best.plan,
+            deadline=Deadline.after(max(0.1, min(problem.time_left_s(), 0.1 * limit))),
+        )
+        moved = problem.result(plan, solver=f"{best.solver}+offload", started=t0)
+        if moved.fits:
+            return moved.model_copy(
+                update={
+                    "solver": "auto",
+                    "lower_bound_s": None,
+                    "message": f"no recompute-only plan fits; the smallest known, from "
+                    f"{best.solver}, offloaded to the host (tried {tried})",
+                    "solve_time_s": time.perf_counter() - t0,
+                }
+            )
+        if peak_key(moved) < peak_key(best):
+            best = moved
     lower = known.min_budget_lower_bytes(graph)
     return best.model_copy(
         update={
