@@ -197,7 +197,9 @@ def _row(
     from remat.solver.offload import combined_bound
 
     f = r.figures
-    ov = "n/a" if r.overhead is None or not r.fits else f"{r.overhead * 100:+.1f}%"
+    ov = "n/a" if r.overhead is None else f"{r.overhead * 100:+.1f}%"
+    if not r.fits and r.overhead is not None:
+        ov = f"({ov})"  # the time of a plan that does not fit
     if f is None:
         peak = host = busy = "-"
     else:

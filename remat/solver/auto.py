@@ -260,7 +260,10 @@ def solve_auto(
                 good_enough_s=_bound(results, base, proven) * (1 + gap_tolerance / 4),
             )
         elif name == DTR_NEXT_USE:
-            run("dtr", share, heuristic="next-use")
+            run("dtr", share, heuristic="next-use", offload=False)
+        elif name == "dtr":
+            # offloading on top of dtr's plans is auto's own step below (combine)
+            run("dtr", share, offload=False)
         elif name == "pofo":
             # it keeps rotor's plan when it is faster: hand it the one rotor made
             run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
@@ -329,7 +332,7 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
 
     def plan_at(budget_bytes: int, dl: Deadline) -> Plan | None:
         found: list[SolveResult] = []
-        for name in ("hierarchical", "dtr"):
+        for name, opts in (("hierarchical", {}), ("dtr", {"offload": False})):
             left = dl.left_s()
             if left <= 0:
                 break
@@ -339,7 +342,7 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
                 on_progress=None,
             )
             try:
-                found.append(info(name).run(sub))
+                found.append(info(name).run(sub, **opts))
             except SolverBugError as exc:
                 _log.error("auto: skipping solver %r, whose plan is invalid: %s", name, exc)
         best = best_result(found)

@@ -205,3 +205,20 @@ def test_plans_from_json_keep_their_copies() -> None:
     g = synthetic.transformer(2)
     p, _ = offload_pass(g, eager_plan(g))
     assert Plan.model_validate_json(p.model_dump_json()) == p
+
+
+def test_dtr_evicts_to_the_host_where_recomputation_cannot_help() -> None:
+    g = _unrecomputable_chain()
+    budget = simulate(g, eager_plan(g)).peak_bytes - 2 * 2**20  # two activations less
+    r = solver.solve(g, budget, solver="dtr")
+    assert r.fits and "evicted to the host" in r.message
+    assert not solver.solve(g, budget, solver="dtr", offload=False).fits
+
+
+@pytest.mark.parametrize("frac", [0.6, 0.3])
+def test_dtr_with_the_host_is_never_slower(frac: float) -> None:
+    g = synthetic.transformer(6)
+    on = solver.solve(g, frac, solver="dtr")
+    off = solver.solve(g, frac, solver="dtr", offload=False)
+    if off.fits:
+        assert on.fits and (on.total_time_s or 0) <= (off.total_time_s or 0) * (1 + 1e-9)
