@@ -270,7 +270,7 @@ def solve_auto(
         else:
             run(name, share)
     stopped = stopped or close_enough()
-    if offload and problem.time_left_s() > 0.1:
+    if offload and problem.time_left_s() > 0.1 and not _near_eager(results, base, gap_tolerance):
         _combine(problem, results, max(0.1, min(problem.time_left_s(), OFFLOAD_SHARE * limit)))
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
@@ -318,6 +318,14 @@ def solve_auto(
             "solve_time_s": time.perf_counter() - t0,
         }
     )
+
+
+def _near_eager(results: list[SolveResult], base: float, gap_tolerance: float) -> bool:
+    """The best plan is within ``gap_tolerance`` of the eager time, the bound every plan obeys,
+    offloading or not: nothing is left for offloading to win."""
+    best = best_result(results)
+    t = best.total_time_s if best is not None and best.fits else None
+    return t is not None and t <= base * (1 + gap_tolerance)
 
 
 COMBINED = "recompute+offload"
