@@ -16,14 +16,23 @@
    greedy with what is left (on a 5,000-node graph they take seconds each, and their plans
    lie in hierarchical's class); on graphs of up to :data:`MILP_LAST_NODES` nodes, the MILP
    after them with the time left, started from their plans.
+5. With offloading (by default on a device whose profile has a host link with a host memory
+   budget, as the datasheet profiles do; ``offload=False`` turns it off): after the methods
+   above and before the MILP, :data:`OFFLOAD_SHARE` of the time for recompute-only plans
+   (``hierarchical``, ``dtr``) made for larger budgets and offloaded down to this one where
+   the link hides the copies (:func:`remat.solver.offload.combine`), skipped when a plan is
+   already within ``gap_tolerance`` of the eager time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
 without ``milp``'s optional restrictions, i.e. graphs of up to 12 nodes by default) when it
 lies below the plan found, and never less than the eager time; ``gap`` is measured against it.
 ``optimal`` therefore means: the eager plan fits, or the plan meets a bound proven over the
-whole schedule class. Plans that offload (``pofo``) are only tried with ``offload=True``, since
-they need an executor with a copy stream (and then only the eager bound holds).
+whole schedule class. With offloading the recompute-only bounds only stop the recompute-only
+search early; the answer's bound is :func:`remat.solver.offload.combined_bound` (the
+recompute-only bound at the budget plus what the host can hold during the step), and its
+message says offloading was on. Plans that offload need an executor with a copy stream (the
+op executor; ``executor="checkpoint"`` turns offloading off by default).
 
 Early stop: after every method, when the best plan is within ``gap_tolerance`` (default 1%) of
 the best proven bound (step 2's, the eager time, the LP value or a dual bound a method proved),
