@@ -55,16 +55,9 @@ def _build(kind: str, dtype: str, device: str) -> Graph:
     dt = getattr(torch, dtype)
     model: Any
     if kind in ("llama7b", "llama70b"):
-        big = kind == "llama70b"
-        cfg: Any = transformers.LlamaConfig(
-            vocab_size=32000,
-            hidden_size=8192 if big else 4096,
-            intermediate_size=28672 if big else 11008,
-            num_hidden_layers=80 if big else 32,
-            num_attention_heads=64 if big else 32,
-            num_key_value_heads=8 if big else 32,
-            max_position_embeddings=4096,
-        )
+        from scale import llama_config
+
+        cfg: Any = llama_config(big=kind == "llama70b")
         with torch.device("meta"):
             model = transformers.LlamaForCausalLM(cfg).to(dt)
         batch, seq, vocab = 1, 4096, cfg.vocab_size

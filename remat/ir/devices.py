@@ -53,15 +53,18 @@ A100_SXM_80GB = DeviceProfile(
     host_link=PCIE4_X16,
 )
 
+_HOPPER_FLOPS = {
+    "float32": 67e12,
+    "tfloat32": 494.7e12,
+    "bfloat16": 989.4e12,
+    "float16": 989.4e12,
+    "float64": 34e12,
+}
+"""Dense peak FLOP/s of the Hopper GPU of H100 SXM, H200 SXM and GH200."""
+
 H100_SXM = DeviceProfile(
     name="h100-sxm",
-    peak_flops_per_s={
-        "float32": 67e12,
-        "tfloat32": 494.7e12,
-        "bfloat16": 989.4e12,
-        "float16": 989.4e12,
-        "float64": 34e12,
-    },
+    peak_flops_per_s=_HOPPER_FLOPS,
     memory_bandwidth_bytes_per_s=3.35e12,
     host_bandwidth_bytes_per_s=64e9,
     memory_bytes=80 * 10**9,
@@ -70,13 +73,7 @@ H100_SXM = DeviceProfile(
 
 H200_SXM = DeviceProfile(
     name="h200-sxm",
-    peak_flops_per_s={
-        "float32": 67e12,
-        "tfloat32": 494.7e12,
-        "bfloat16": 989.4e12,
-        "float16": 989.4e12,
-        "float64": 34e12,
-    },
+    peak_flops_per_s=_HOPPER_FLOPS,
     memory_bandwidth_bytes_per_s=4.8e12,
     host_bandwidth_bytes_per_s=64e9,
     memory_bytes=141 * 10**9,
@@ -85,14 +82,8 @@ H200_SXM = DeviceProfile(
 
 GH200 = DeviceProfile(
     name="gh200-96gb",
-    # the Hopper GPU of H100 SXM, its host the Grace CPU's memory over NVLink-C2C
-    peak_flops_per_s={
-        "float32": 67e12,
-        "tfloat32": 494.7e12,
-        "bfloat16": 989.4e12,
-        "float16": 989.4e12,
-        "float64": 34e12,
-    },
+    # the Hopper GPU, its host the Grace CPU's memory over NVLink-C2C
+    peak_flops_per_s=_HOPPER_FLOPS,
     memory_bandwidth_bytes_per_s=4.0e12,
     host_bandwidth_bytes_per_s=450e9,
     memory_bytes=96 * 10**9,
