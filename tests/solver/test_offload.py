@@ -25,6 +25,7 @@ from remat.ir import (
     synthetic,
 )
 from remat.ir.devices import H100_SXM
+from remat.solver import Problem
 from remat.solver.offload import (
     combined_bound,
     link_reach_bytes,
@@ -222,3 +223,20 @@ def test_dtr_with_the_host_is_never_slower(frac: float) -> None:
     off = solver.solve(g, frac, solver="dtr", offload=False)
     if off.fits:
         assert on.fits and (on.total_time_s or 0) <= (off.total_time_s or 0) * (1 + 1e-9)
+
+
+def test_a_fit_claimed_over_the_host_budget_is_the_solvers_bug() -> None:
+    from remat.ir import SolverBugError
+    from remat.solver.base import held_to_simulator
+
+    g = synthetic.transformer(2)
+    plan, s = offload_pass(g, eager_plan(g))
+    assert s.host_peak_bytes > 0
+    link = H100_SXM.link().model_copy(update={"host_memory_bytes": s.host_peak_bytes - 1})
+    small = _with_link(g, link)
+    problem = Problem.build(small, "100%")
+    r = problem.result(plan, solver="x", started=0.0)
+    assert not r.fits
+    forged = r.model_copy(update={"status": "feasible"})  # not vouched for: simulated again
+    with pytest.raises(SolverBugError, match="host budget"):
+        held_to_simulator(problem, forged, "x")
