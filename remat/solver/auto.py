@@ -6,22 +6,25 @@
    (:func:`remat.solver.bounds.best_bound`: the knapsack relaxations at cuts of the step, the
    exact model's LP on small graphs), on a tenth of the time.
 3. Graphs of up to :data:`MILP_MAX_NODES` nodes: fast heuristics and chain DPs, cheapest
-   first (``checkpoint-all``, ``dtr`` with its two scores, Chen's greedy, ``rotor``; ``pofo``
-   when offloading is allowed), ``hierarchical`` and ``lp-round``, then the exact MILP
+   first (``checkpoint-all``, ``dtr`` with its two scores, Chen's greedy, ``rotor``),
+   ``hierarchical`` and ``lp-round`` (then ``pofo`` when offloading), then the exact MILP
    (``milp``) with the time left, started from the plans found.
 4. Larger graphs, where the whole-graph MILP does not fit the time: ``dtr`` with its two
    scores (under a second on 8,000 nodes), ``hierarchical``
    (blocks solved exactly, rotor's DP across them) with all the time but
-   :data:`BASELINES_SHARE`, then ``rotor`` (and ``pofo``), ``checkpoint-all`` and Chen's
-   greedy with what is left (on a 5,000-node graph they take seconds each, and their plans
-   lie in hierarchical's class); on graphs of up to :data:`MILP_LAST_NODES` nodes, the MILP
-   after them with the time left, started from their plans.
+   :data:`BASELINES_SHARE`, then ``rotor``, ``checkpoint-all`` and Chen's
+   greedy (then ``pofo`` when offloading) with what is left (on a 5,000-node graph they
+   take seconds each, and their plans lie in hierarchical's class); on graphs of up to
+   :data:`MILP_LAST_NODES` nodes, the MILP after them with the time left, started from
+   their plans.
 5. With offloading (by default on a device whose profile has a host link with a host memory
-   budget, as the datasheet profiles do; ``offload=False`` turns it off): after the methods
-   above and before the MILP, :data:`OFFLOAD_SHARE` of the time for recompute-only plans
-   (``hierarchical``, ``dtr``) made for larger budgets and offloaded down to this one where
-   the link hides the copies (:func:`remat.solver.offload.combine`), skipped when a plan is
-   already within ``gap_tolerance`` of the eager time.
+   budget, as the datasheet profiles do; ``offload=False`` turns it off): the recompute-only
+   methods run first with the shares they have without it; then, before the MILP,
+   :data:`OFFLOAD_SHARE` of the time for recompute-only plans (``hierarchical``, ``dtr``)
+   made for larger budgets and offloaded down to this one where
+   the link hides the copies (:func:`remat.solver.offload.combine`; all the time left where
+   no MILP follows), skipped when a plan is already within ``gap_tolerance`` of the eager
+   time. On graphs where the MILP runs, it then has that much less time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -232,13 +235,15 @@ def solve_auto(
         return best.figures.total_time_s <= lb * (1 + tolerance)
 
     exact_fits = graph.num_nodes <= MILP_MAX_NODES
+    # pofo last: the recompute-only methods before it run as with offload=False, with the
+    # same shares of the time, so offloading cannot cost them the plan they would find
     offloads = ["pofo"] if offload else []
     # dtr (both scores) first at every size: under a second on 8,000 nodes, and on graphs
     # that are no chain (random layered DAGs, U-Nets) far better than the chain methods
     dtrs = ["dtr", DTR_NEXT_USE]
     if exact_fits:
         quick = [
-            "checkpoint-all", *dtrs, "chen-greedy", "rotor", *offloads, "hierarchical", "lp-round"
+            "checkpoint-all", *dtrs, "chen-greedy", "rotor", "hierarchical", "lp-round", *offloads
         ]  # fmt: skip
     else:
         # the whole-graph MILP does not fit the time: hierarchical first with most of it
@@ -246,7 +251,7 @@ def solve_auto(
         # stages); rotor and the baselines, which take seconds each on such graphs and
         # whose plans lie in its class, with what is left (on a loaded machine rotor first
         # left hierarchical too little to finish one block size)
-        quick = [*dtrs, "hierarchical", "rotor", *offloads, "checkpoint-all", "chen-greedy"]
+        quick = [*dtrs, "hierarchical", "rotor", "checkpoint-all", "chen-greedy", *offloads]
     stopped = False
     for name in quick:
         if close_enough():
@@ -257,8 +262,7 @@ def solve_auto(
         share = max(0.1, min(problem.time_left_s(), 0.25 * limit))
         if name == "hierarchical":
             if not exact_fits:
-                kept = BASELINES_SHARE + (OFFLOAD_SHARE if offload else 0.0)
-                share = max(0.1, problem.time_left_s() - kept * limit)
+                share = max(0.1, problem.time_left_s() - BASELINES_SHARE * limit)
             # it keeps rotor's plan when it is faster (none yet on large graphs), and stops
             # trying block sizes once a plan is within a quarter of the
             # gap tolerance of the bound (its later block sizes are cheap where the first
@@ -275,8 +279,14 @@ def solve_auto(
             # offloading on top of dtr's plans is auto's own step below (combine)
             run("dtr", share, offload=False)
         elif name == "pofo":
-            # it keeps rotor's plan when it is faster: hand it the one rotor made
-            run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
+            # it keeps rotor's plan when it is faster: hand it the one rotor made; the plans
+            # of larger budgets offloaded down are auto's own step below (combine)
+            run(
+                name,
+                share,
+                start_plans=_plans(results, fitting_only=False, only="rotor"),
+                combine=False,
+            )
         else:
             run(name, share)
     stopped = stopped or close_enough()

@@ -37,7 +37,7 @@ from remat.ir.result import SolveResult
 from remat.solver.base import register
 from remat.solver.chain_dp import fit_chain_plan, min_chain_slots, trivial_result
 from remat.solver.deadline import Deadline, judging_s
-from remat.solver.offload import combine
+from remat.solver.offload import combine as combine_plans
 from remat.solver.problem import Problem
 from remat.solver.rotor import RotorOptions, dp_chain, memory_slots, rotor_within, table_within
 
@@ -67,6 +67,11 @@ class PofoOptions(RotorOptions):
     host_bandwidth_bytes_per_s: float | None = Field(
         None, gt=0, description="Host link bandwidth (default: the graph's device profile)."
     )
+    combine: bool = Field(
+        True,
+        description="Also rotor's plans for larger budgets, offloaded down to the budget "
+        "where the link hides the copies (on the graph's own link only).",
+    )
 
 
 @register(
@@ -82,6 +87,7 @@ def solve_pofo(
     cuts: CutKind = "auto",
     max_stages: int | None = None,
     host_bandwidth_bytes_per_s: float | None = None,
+    combine: bool = True,
     start_plans: Sequence[Plan] | None = None,
 ) -> SolveResult:
     """Checkpointing plus offloading on the graph's chain view (see the module docstring).
@@ -93,6 +99,10 @@ def solve_pofo(
     host_bandwidth_bytes_per_s
         Bandwidth of the host link for planning and simulation (default: the graph's device
         profile; ``math.inf`` makes transfers free).
+    combine
+        Also rotor's plans for larger budgets, offloaded down to this one where the link hides
+        the copies (:func:`remat.solver.offload.combine`); only on the graph's own link
+        (without ``host_bandwidth_bytes_per_s``). ``auto`` turns it off: it combines itself.
     start_plans
         Plans without transfers to keep when they are faster (``auto`` hands over rotor's);
         by default rotor runs here for one. A Python keyword, not a service option.
@@ -130,7 +140,7 @@ def solve_pofo(
         )
         start_plans = [rotor.plan] if rotor.plan is not None else []
     extra = list(start_plans)
-    if bw is None:
+    if combine and bw is None:
         # rotor for larger budgets, offloaded down to this one (the link's own figures only)
         def rotor_at(budget_bytes: int, dl: Deadline) -> Plan | None:
             r = rotor_within(
@@ -142,7 +152,7 @@ def solve_pofo(
             )
             return r.plan if r.fits else None
 
-        extra += combine(problem, rotor_at, deadline=deadline.share(0.3, reserve_s=keep_s))
+        extra += combine_plans(problem, rotor_at, deadline=deadline.share(0.3, reserve_s=keep_s))
     room = problem.room_bytes
     slot, _ = memory_slots(problem, mem_slots)
     got = table_within(
