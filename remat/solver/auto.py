@@ -426,10 +426,13 @@ def _smallest_known(
     if low is not None and (best.peak_bytes is None or low.peak_bytes < best.peak_bytes):
         best = problem.result(low.plan, solver=low.solver, started=t0)
     if offload and best.plan is not None:
+        # at least a twentieth of the limit, past it if need be (within the tolerance every
+        # solver has): the search before may have spent all of it
         plan, _ = offload_pass(
             graph,
             best.plan,
-            deadline=Deadline.after(max(0.1, min(problem.time_left_s(), 0.1 * limit))),
+            target_bytes=problem.budget_bytes,
+            deadline=Deadline.after(max(0.05 * limit, min(problem.time_left_s(), 0.1 * limit))),
         )
         moved = problem.result(plan, solver=f"{best.solver}+offload", started=t0)
         if moved.fits:
