@@ -7,13 +7,13 @@
    exact model's LP on small graphs), on a tenth of the time.
 3. Graphs of up to :data:`MILP_MAX_NODES` nodes: fast heuristics and chain DPs, cheapest
    first (``checkpoint-all``, ``dtr`` with its two scores, Chen's greedy, ``rotor``),
-   ``hierarchical`` and ``lp-round`` (then ``pofo`` when offloading), then the exact MILP
+   ``hierarchical`` and ``lp-round``, then the exact MILP
    (``milp``) with the time left, started from the plans found.
 4. Larger graphs, where the whole-graph MILP does not fit the time: ``dtr`` with its two
    scores (under a second on 8,000 nodes), ``hierarchical``
    (blocks solved exactly, rotor's DP across them) with all the time but
    :data:`BASELINES_SHARE`, then ``rotor``, ``checkpoint-all`` and Chen's
-   greedy (then ``pofo`` when offloading) with what is left (on a 5,000-node graph they
+   greedy with what is left (on a 5,000-node graph they
    take seconds each, and their plans lie in hierarchical's class); on graphs of up to
    :data:`MILP_LAST_NODES` nodes, the MILP after them with the time left, started from
    their plans.
@@ -23,8 +23,9 @@
    :data:`OFFLOAD_SHARE` of the time for recompute-only plans (``hierarchical``, ``dtr``)
    made for larger budgets and offloaded down to this one where
    the link hides the copies (:func:`remat.solver.offload.combine`; all the time left where
-   no MILP follows), skipped when a plan is already within ``gap_tolerance`` of the eager
-   time. On graphs where the MILP runs, it then has that much less time.
+   no MILP follows), then ``pofo`` with what is left, both skipped when a plan is already
+   within ``gap_tolerance`` of the eager time. On graphs where the MILP runs, it then has
+   that much less time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -235,15 +236,12 @@ def solve_auto(
         return best.figures.total_time_s <= lb * (1 + tolerance)
 
     exact_fits = graph.num_nodes <= MILP_MAX_NODES
-    # pofo last: the recompute-only methods before it run as with offload=False, with the
-    # same shares of the time, so offloading cannot cost them the plan they would find
-    offloads = ["pofo"] if offload else []
     # dtr (both scores) first at every size: under a second on 8,000 nodes, and on graphs
     # that are no chain (random layered DAGs, U-Nets) far better than the chain methods
     dtrs = ["dtr", DTR_NEXT_USE]
     if exact_fits:
         quick = [
-            "checkpoint-all", *dtrs, "chen-greedy", "rotor", "hierarchical", "lp-round", *offloads
+            "checkpoint-all", *dtrs, "chen-greedy", "rotor", "hierarchical", "lp-round"
         ]  # fmt: skip
     else:
         # the whole-graph MILP does not fit the time: hierarchical first with most of it
@@ -251,7 +249,7 @@ def solve_auto(
         # stages); rotor and the baselines, which take seconds each on such graphs and
         # whose plans lie in its class, with what is left (on a loaded machine rotor first
         # left hierarchical too little to finish one block size)
-        quick = [*dtrs, "hierarchical", "rotor", "checkpoint-all", "chen-greedy", *offloads]
+        quick = [*dtrs, "hierarchical", "rotor", "checkpoint-all", "chen-greedy"]
     stopped = False
     for name in quick:
         if close_enough():
@@ -278,15 +276,6 @@ def solve_auto(
         elif name == "dtr":
             # offloading on top of dtr's plans is auto's own step below (combine)
             run("dtr", share, offload=False)
-        elif name == "pofo":
-            # it keeps rotor's plan when it is faster: hand it the one rotor made; the plans
-            # of larger budgets offloaded down are auto's own step below (combine)
-            run(
-                name,
-                share,
-                start_plans=_plans(results, fitting_only=False, only="rotor"),
-                combine=False,
-            )
         else:
             run(name, share)
     stopped = stopped or close_enough()
@@ -295,6 +284,17 @@ def solve_auto(
         left = problem.time_left_s()
         share = left if graph.num_nodes > MILP_LAST_NODES else min(left, OFFLOAD_SHARE * limit)
         _combine(problem, results, max(0.1, share))
+        if problem.time_left_s() > 0.1:
+            # pofo after it: its plans lost to the combination on every model of
+            # benchmarks/offload.py, and before it, it took the time the combination needs
+            # (7B Llama at 10%: +29.8% with pofo first, +17.1% without); it keeps rotor's
+            # plan when faster (rotor's is handed over); its own combination is off
+            run(
+                "pofo",
+                max(0.1, min(problem.time_left_s(), 0.25 * limit)),
+                start_plans=_plans(results, fitting_only=False, only="rotor"),
+                combine=False,
+            )
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",
