@@ -420,7 +420,7 @@ def _smallest_known(
     share = min(max(0.0, problem.time_left_s()), 0.25 * limit)
     if share > 0.2:
         squeeze(graph, problem.budget_bytes, time_limit_s=share)
-    low = known.smallest(graph)
+    low = known.smallest(graph, offload=offload)
     best = best_result(results)
     assert best is not None
     if low is not None and (best.peak_bytes is None or low.peak_bytes < best.peak_bytes):

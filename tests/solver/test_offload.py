@@ -240,3 +240,12 @@ def test_a_fit_claimed_over_the_host_budget_is_the_solvers_bug() -> None:
     forged = r.model_copy(update={"status": "feasible"})  # not vouched for: simulated again
     with pytest.raises(SolverBugError, match="host budget"):
         held_to_simulator(problem, forged, "x")
+
+
+def test_a_recompute_only_answer_never_reports_an_offloading_plan() -> None:
+    g = _unrecomputable_chain()
+    budget = simulate(g, eager_plan(g)).peak_bytes - 2 * 2**20
+    assert solver.solve(g, budget, time_limit_s=5).fits  # records a plan that offloads
+    off = solver.solve(g, budget, time_limit_s=5, offload=False)
+    assert not off.fits and off.plan is not None
+    assert not any(s.op in ("offload", "prefetch") for s in off.plan.steps)
