@@ -57,6 +57,21 @@ from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
 
 
+def llama_config(*, big: bool) -> Any:
+    """A ``transformers.LlamaConfig`` of about 7B parameters (70B with ``big``)."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=8192 if big else 4096,
+        intermediate_size=28672 if big else 11008,
+        num_hidden_layers=80 if big else 32,
+        num_attention_heads=64 if big else 32,
+        num_key_value_heads=8 if big else 32,
+        max_position_embeddings=4096,
+    )
+
+
 def _trace_hf(kind: str) -> Graph:
     import torch
     import torch.nn.functional as F
@@ -78,16 +93,7 @@ def _trace_hf(kind: str) -> Graph:
         cls: Any = transformers.OPTForCausalLM
         batch, seq, device = 8, 128, "cpu"
     else:
-        big = kind == "llama70b"
-        cfg = transformers.LlamaConfig(
-            vocab_size=32000,
-            hidden_size=8192 if big else 4096,
-            intermediate_size=28672 if big else 11008,
-            num_hidden_layers=80 if big else 32,
-            num_attention_heads=64 if big else 32,
-            num_key_value_heads=8 if big else 32,
-            max_position_embeddings=4096,
-        )
+        cfg = llama_config(big=kind == "llama70b")
         cls = transformers.LlamaForCausalLM
         batch, seq, device = 1, 4096, "meta"
     with torch.device(device):

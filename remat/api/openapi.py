@@ -34,6 +34,10 @@ _BOUNDS: dict[tuple[str, str], dict[str, Any]] = {
     ("Node", "flops"): {"minimum": 0, "maximum": MAX_FLOPS},
     ("DeviceProfile", "memory_bandwidth_bytes_per_s"): {"exclusiveMinimum": 0, "maximum": 1e30},
     ("DeviceProfile", "host_bandwidth_bytes_per_s"): {"exclusiveMinimum": 0, "maximum": 1e30},
+    ("HostLink", "device_to_host_bytes_per_s"): {"exclusiveMinimum": 0, "maximum": 1e30},
+    ("HostLink", "host_to_device_bytes_per_s"): {"exclusiveMinimum": 0, "maximum": 1e30},
+    ("HostLink", "latency_s"): {"minimum": 0, "maximum": MAX_TIME_S},
+    ("HostLink", "host_memory_bytes"): {"minimum": 0, "maximum": MAX_BYTES},
 }
 
 _ONE_GRAPH = {

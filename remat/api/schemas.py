@@ -359,6 +359,16 @@ def check_magnitudes(graph: Graph, at: tuple[str, ...] = ("body",)) -> list[Erro
             ("host_bandwidth_bytes_per_s", d.host_bandwidth_bytes_per_s),
             *((f"peak_flops_per_s.{k}", x) for k, x in d.peak_flops_per_s.items()),
         ]
+        if d.host_link is not None:
+            nums += [
+                ("host_link.device_to_host_bytes_per_s", d.host_link.device_to_host_bytes_per_s),
+                ("host_link.host_to_device_bytes_per_s", d.host_link.host_to_device_bytes_per_s),
+            ]
+            link, loc = d.host_link, ["device", "host_link"]
+            check([*loc, "latency_s"], "device host_link.latency_s", link.latency_s, MAX_TIME_S)
+            if link.host_memory_bytes is not None:
+                what = "device host_link.host_memory_bytes"
+                check([*loc, "host_memory_bytes"], what, link.host_memory_bytes, MAX_BYTES)
         for name, x in nums:
             if not (math.isfinite(x) and 0 < x <= 1e30):
                 bad(["device", name], f"device {name} must be a positive finite number")

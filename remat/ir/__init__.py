@@ -16,7 +16,7 @@ from remat.ir.errors import (
     SolverBugError,
     SolverUnavailableError,
 )
-from remat.ir.graph import SCHEMA_VERSION, DeviceProfile, Graph, Node, Value
+from remat.ir.graph import SCHEMA_VERSION, DeviceProfile, Graph, HostLink, Node, Value
 from remat.ir.plan import Plan, Step, ValueFate, compute, free, offload, prefetch
 from remat.ir.plan_builders import eager_plan, keep_plan
 from remat.ir.result import PlanFigures, Progress, SolveResult, Status
@@ -29,6 +29,7 @@ __all__ = [
     "DeviceProfile",
     "Graph",
     "GraphValidationError",
+    "HostLink",
     "InfeasibleBudgetError",
     "InvalidPlanError",
     "Node",

@@ -9,11 +9,41 @@ import bisect
 import math
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Rate = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Curve = Annotated[tuple[tuple[Rate, Rate], ...], Field(min_length=1)]
 """Measured points ``(size, rate)`` of one key (kept by increasing size)."""
+
+
+class HostLink(BaseModel):
+    """The link between device memory and host memory, over which values are offloaded.
+
+    Attributes
+    ----------
+    device_to_host_bytes_per_s
+        Bandwidth of offloads (device to host).
+    host_to_device_bytes_per_s
+        Bandwidth of prefetches (host to device).
+    latency_s
+        Fixed time of one copy (its launch and setup), added to each copy's size over the
+        bandwidth.
+    overlaps_compute
+        Whether copies run on their own streams, one per direction, beside the compute stream
+        (true for a GPU with copy engines). False: each copy holds the compute stream while it
+        runs.
+    host_memory_bytes
+        Host memory available for offloaded values (None: not stated; :attr:`host_budget_bytes`
+        then reads as no budget, and ``auto`` does not offload by default).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device_to_host_bytes_per_s: Rate
+    host_to_device_bytes_per_s: Rate
+    latency_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    overlaps_compute: bool = True
+    host_memory_bytes: int | None = Field(default=None, ge=0)
 
 
 class DeviceProfile(BaseModel):
@@ -28,7 +58,8 @@ class DeviceProfile(BaseModel):
     memory_bandwidth_bytes_per_s
         Device memory bandwidth.
     host_bandwidth_bytes_per_s
-        One-direction bandwidth of the host link, used for offload and prefetch.
+        One-direction bandwidth of the host link, used for offload and prefetch where the
+        profile has no :attr:`host_link` (profiles written before it existed).
     memory_bytes
         Device memory capacity, when known.
     op_overhead_s
@@ -54,6 +85,12 @@ class DeviceProfile(BaseModel):
         The same for compute efficiency (a fraction of the peak FLOP/s): measured for the local
         CPU, ``"bmm"``, batched matrix products, by the FLOPs of one matrix product of the batch
         (small products run far below the large matmul's rate).
+    host_link
+        The host link per direction, its latency, overlap and host memory (None: a profile
+        without one, e.g. the local CPU's, where host and device memory are the same; the
+        simulator then prices copies at ``host_bandwidth_bytes_per_s`` both ways, and ``auto``
+        does not offload by default). When given, ``host_bandwidth_bytes_per_s`` must equal
+        its device-to-host rate.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -68,6 +105,34 @@ class DeviceProfile(BaseModel):
     op_compute_efficiency: dict[str, Rate] = Field(default_factory=dict)
     op_bandwidth_curves: dict[str, Curve] = Field(default_factory=dict)
     op_efficiency_curves: dict[str, Curve] = Field(default_factory=dict)
+    host_link: HostLink | None = None
+
+    @model_validator(mode="after")
+    def _one_host_rate(self) -> DeviceProfile:
+        link = self.host_link
+        if link is not None and link.device_to_host_bytes_per_s != self.host_bandwidth_bytes_per_s:
+            raise ValueError(
+                "host_link.device_to_host_bytes_per_s "
+                f"({link.device_to_host_bytes_per_s:g}) must equal host_bandwidth_bytes_per_s "
+                f"({self.host_bandwidth_bytes_per_s:g})"
+            )
+        return self
+
+    def link(self) -> HostLink:
+        """The host link the simulator prices copies on: :attr:`host_link`, or for a profile
+        without one, ``host_bandwidth_bytes_per_s`` both ways with no latency and no host
+        budget."""
+        if self.host_link is not None:
+            return self.host_link
+        bw = self.host_bandwidth_bytes_per_s
+        return HostLink(device_to_host_bytes_per_s=bw, host_to_device_bytes_per_s=bw)
+
+    @property
+    def can_offload(self) -> bool:
+        """The profile states a host link with a host memory budget (``auto`` then offloads
+        by default)."""
+        link = self.host_link
+        return link is not None and bool(link.host_memory_bytes)
 
     @field_validator("op_bandwidth_curves", "op_efficiency_curves")
     @classmethod

@@ -2,13 +2,41 @@
 
 Peak FLOP/s are the dense (no sparsity) tensor-core figures per dtype; ``float32`` is the
 non-tensor-core FP32 rate. Host bandwidth is the theoretical one-direction rate of the host link
-(PCIe 4.0 x16: 32 GB/s; PCIe 5.0 x16: 64 GB/s). The tracer adds a measured profile of the local
-CPU (``remat.tracer``), which needs torch; these need nothing.
+(PCIe 4.0 x16: 32 GB/s; PCIe 5.0 x16: 64 GB/s; NVLink-C2C: 900 GB/s in all, 450 GB/s each way),
+each direction on its own copy engine, so copies overlap compute. The host memory budget is a
+DGX's system memory shared by its eight GPUs (2 TB: 256 GB each); GH200's is its own 480 GB of
+LPDDR5X. The per-copy latency (10 us over PCIe, 5 us over C2C) is an order of magnitude for an
+asynchronous copy's launch and DMA setup, not a datasheet figure. The tracer adds a measured
+profile of the local CPU (``remat.tracer``), which needs torch, with no host link; these need
+nothing.
 """
 
 from __future__ import annotations
 
+from remat.ir.device_profile import HostLink
 from remat.ir.graph import DeviceProfile
+
+_DGX_HOST_BYTES = 256 * 10**9
+"""A DGX's 2 TB of system memory, shared by its eight GPUs."""
+
+PCIE4_X16 = HostLink(
+    device_to_host_bytes_per_s=32e9,
+    host_to_device_bytes_per_s=32e9,
+    latency_s=10e-6,
+    host_memory_bytes=_DGX_HOST_BYTES,
+)
+PCIE5_X16 = HostLink(
+    device_to_host_bytes_per_s=64e9,
+    host_to_device_bytes_per_s=64e9,
+    latency_s=10e-6,
+    host_memory_bytes=_DGX_HOST_BYTES,
+)
+NVLINK_C2C = HostLink(
+    device_to_host_bytes_per_s=450e9,
+    host_to_device_bytes_per_s=450e9,
+    latency_s=5e-6,
+    host_memory_bytes=480 * 10**9,
+)
 
 A100_SXM_80GB = DeviceProfile(
     name="a100-sxm-80gb",
@@ -22,39 +50,49 @@ A100_SXM_80GB = DeviceProfile(
     memory_bandwidth_bytes_per_s=2.039e12,
     host_bandwidth_bytes_per_s=32e9,
     memory_bytes=80 * 10**9,
+    host_link=PCIE4_X16,
 )
+
+_HOPPER_FLOPS = {
+    "float32": 67e12,
+    "tfloat32": 494.7e12,
+    "bfloat16": 989.4e12,
+    "float16": 989.4e12,
+    "float64": 34e12,
+}
+"""Dense peak FLOP/s of the Hopper GPU of H100 SXM, H200 SXM and GH200."""
 
 H100_SXM = DeviceProfile(
     name="h100-sxm",
-    peak_flops_per_s={
-        "float32": 67e12,
-        "tfloat32": 494.7e12,
-        "bfloat16": 989.4e12,
-        "float16": 989.4e12,
-        "float64": 34e12,
-    },
+    peak_flops_per_s=_HOPPER_FLOPS,
     memory_bandwidth_bytes_per_s=3.35e12,
     host_bandwidth_bytes_per_s=64e9,
     memory_bytes=80 * 10**9,
+    host_link=PCIE5_X16,
 )
 
 H200_SXM = DeviceProfile(
     name="h200-sxm",
-    peak_flops_per_s={
-        "float32": 67e12,
-        "tfloat32": 494.7e12,
-        "bfloat16": 989.4e12,
-        "float16": 989.4e12,
-        "float64": 34e12,
-    },
+    peak_flops_per_s=_HOPPER_FLOPS,
     memory_bandwidth_bytes_per_s=4.8e12,
     host_bandwidth_bytes_per_s=64e9,
     memory_bytes=141 * 10**9,
+    host_link=PCIE5_X16,
 )
 
-PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (A100_SXM_80GB, H100_SXM, H200_SXM)}
+GH200 = DeviceProfile(
+    name="gh200-96gb",
+    # the Hopper GPU, its host the Grace CPU's memory over NVLink-C2C
+    peak_flops_per_s=_HOPPER_FLOPS,
+    memory_bandwidth_bytes_per_s=4.0e12,
+    host_bandwidth_bytes_per_s=450e9,
+    memory_bytes=96 * 10**9,
+    host_link=NVLINK_C2C,
+)
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (A100_SXM_80GB, H100_SXM, H200_SXM, GH200)}
 # Short names people type.
-PROFILES.update({"a100": A100_SXM_80GB, "h100": H100_SXM, "h200": H200_SXM})
+PROFILES.update({"a100": A100_SXM_80GB, "h100": H100_SXM, "h200": H200_SXM, "gh200": GH200})
 
 
 def get_profile(name: str) -> DeviceProfile:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
 from remat.ir.device_profile import DeviceProfile as DeviceProfile
+from remat.ir.device_profile import HostLink as HostLink
 from remat.ir.errors import GraphValidationError
 
 SCHEMA_VERSION = 1
@@ -336,6 +337,15 @@ class Graph(BaseModel, metaclass=_GraphMeta):
         if self.device is None:
             return DEFAULT_HOST_BANDWIDTH_BYTES_PER_S
         return self.device.host_bandwidth_bytes_per_s
+
+    @property
+    def link(self) -> HostLink:
+        """The host link copies are priced on (:meth:`DeviceProfile.link`; without a device,
+        :data:`DEFAULT_HOST_BANDWIDTH_BYTES_PER_S` both ways)."""
+        if self.device is None:
+            bw = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S
+            return HostLink(device_to_host_bytes_per_s=bw, host_to_device_bytes_per_s=bw)
+        return self.device.link()
 
     @property
     def traced_with_loss_fn(self) -> bool | None:

@@ -38,6 +38,13 @@ class PlanFigures(BaseModel):
     stall_time_s: float
     transfer_time_s: float
     offload_bytes: int
+    prefetch_bytes: int = 0
+    device_to_host_busy_s: float = 0.0
+    """Time the link's device-to-host direction is busy (offloads)."""
+    host_to_device_busy_s: float = 0.0
+    """Time the link's host-to-device direction is busy (prefetches)."""
+    host_peak_bytes: int = 0
+    """Most host memory the offloaded values hold at once."""
 
     @classmethod
     def of(cls, sim: Simulation) -> PlanFigures:
@@ -53,6 +60,10 @@ class PlanFigures(BaseModel):
             stall_time_s=sim.stall_time_s,
             transfer_time_s=sim.transfer_time_s,
             offload_bytes=sim.offload_bytes,
+            prefetch_bytes=sim.prefetch_bytes,
+            device_to_host_busy_s=sim.device_to_host_busy_s,
+            host_to_device_busy_s=sim.host_to_device_busy_s,
+            host_peak_bytes=sim.host_peak_bytes,
         )
 
 
@@ -255,6 +266,10 @@ class SolveResult(BaseModel):
     @property
     def offload_bytes(self) -> int | None:
         return None if self.figures is None else self.figures.offload_bytes
+
+    @property
+    def host_peak_bytes(self) -> int | None:
+        return None if self.figures is None else self.figures.host_peak_bytes
 
 
 def speed_key(result: SolveResult) -> tuple[float, int]:

@@ -9,11 +9,18 @@ Model
   the device bytes when its copy completes; ``prefetch`` allocates at once (a prefetch of a value
   whose offload is still in flight waits for it on the copy stream: the old copy is released
   first).
-* Time. Two streams. The compute stream runs ``compute`` steps in plan order, each for the
-  node's ``time_s``, and waits (a *stall*) for prefetches of the values it reads. The copy stream
-  runs offloads and prefetches in plan order, each taking ``size_bytes / host_bandwidth``; an
-  offload cannot start before its value has been computed, a prefetch not before its offload has
-  finished. The step's time is when both streams are done.
+* Time. Three streams. The compute stream runs ``compute`` steps in plan order, each for the
+  node's ``time_s``, and waits (a *stall*) for prefetches of the values it reads. The host link
+  has a copy stream per direction (:class:`~remat.ir.device_profile.HostLink`): offloads run in
+  plan order on the device-to-host stream, prefetches on the host-to-device one, each taking its
+  latency plus ``size_bytes`` over its direction's bandwidth; an offload cannot start before its
+  value has been computed, a prefetch not before its offload has finished. A link whose copies
+  do not overlap compute runs each copy on the compute stream instead (counted as stall). The
+  step's time is when every stream is done; each direction's busy time is reported.
+* Host memory. An offload allocates its host copy when it starts; the host copy is released
+  when the plan frees the value (a value freed on the device is dead). ``host_peak_bytes`` is
+  the most held at once; the budget (``HostLink.host_memory_bytes``) is the judge's caller's to
+  hold a plan to (:meth:`remat.solver.Problem.result`: a plan over it does not fit).
 * The memory reading of a step is the dynamic bytes in use while it runs (for a compute, with
   its outputs and workspace allocated). Releases of finished offloads are observed when the
   compute stream's clock passes their completion time, so a copy that has not finished still
@@ -27,6 +34,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from remat.ir.device_profile import HostLink
 from remat.ir.errors import InvalidPlanError
 from remat.ir.graph import Graph
 from remat.ir.plan import Plan
@@ -66,6 +74,12 @@ class Simulation:
     on the device, offloads whose copy has not finished), in the order they were allocated."""
     alive_workspace_bytes: int = 0
     """With ``alive_at_step``: the workspace of the node running at that step (0 for others)."""
+    device_to_host_busy_s: float = 0.0
+    """Time the device-to-host direction of the link spends copying (latency included)."""
+    host_to_device_busy_s: float = 0.0
+    """Time the host-to-device direction spends copying (latency included)."""
+    host_peak_bytes: int = 0
+    """Most bytes held in host memory by offloaded values at once."""
 
 
 def simulate(
@@ -74,6 +88,7 @@ def simulate(
     *,
     host_bandwidth_bytes_per_s: float | None = None,
     alive_at_step: int | None = None,
+    link: HostLink | None = None,
 ) -> Simulation:
     """Replay ``plan`` on ``graph`` and return exact memory and time figures.
 
@@ -84,12 +99,16 @@ def simulate(
     plan
         The schedule to judge.
     host_bandwidth_bytes_per_s
-        Bandwidth of the host link for offload/prefetch; defaults to the graph's device profile.
-        ``math.inf`` makes transfers free.
+        Price copies at this bandwidth in both directions with no latency (the link's overlap
+        kept); ``math.inf`` makes transfers free. Default: the link of the graph's device
+        profile (:meth:`~remat.ir.DeviceProfile.link`).
     alive_at_step
         Also record which values hold device bytes during this step (for example
         ``peak_step`` of an earlier run, to name what is alive at the peak); their sizes plus
         the workspace add up to ``timeline_bytes[alive_at_step]``.
+    link
+        The host link to simulate in place of the profile's (an emulated one, for example);
+        ``host_bandwidth_bytes_per_s``, when also given, overrides its bandwidths.
 
     Raises
     ------
@@ -98,13 +117,21 @@ def simulate(
         is not there, prefetches one that was never offloaded, recomputes a side-effecting node,
         names an unknown id, or when the plan ends without a required value.
     """
-    bw = (
-        graph.host_bandwidth_bytes_per_s
-        if host_bandwidth_bytes_per_s is None
-        else host_bandwidth_bytes_per_s
+    if link is None:
+        link = graph.link
+    d2h_bw, h2d_bw, latency = (
+        link.device_to_host_bytes_per_s,
+        link.host_to_device_bytes_per_s,
+        link.latency_s,
     )
-    if not bw > 0:
-        raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
+    if host_bandwidth_bytes_per_s is not None:
+        if not host_bandwidth_bytes_per_s > 0:
+            raise ValueError(
+                f"host_bandwidth_bytes_per_s must be > 0, got {host_bandwidth_bytes_per_s}"
+            )
+        d2h_bw = h2d_bw = host_bandwidth_bytes_per_s
+        latency = 0.0
+    overlaps = link.overlaps_compute
 
     size = graph.size_map()
     node_of = graph.node_map()  # plain dicts: graph lookups cost microseconds
@@ -124,7 +151,12 @@ def simulate(
     peak_step = -1
     timeline: list[int] = []
     t_c = 0.0
-    t_copy = 0.0
+    t_d2h = 0.0  # when each direction's copy stream is free
+    t_h2d = 0.0
+    d2h_busy = 0.0
+    h2d_busy = 0.0
+    host_cur = 0
+    host_peak = 0
     stall = 0.0
     transfer = 0.0
     compute_time = 0.0
@@ -204,6 +236,8 @@ def simulate(
                 raise fail(i, f"frees value {sid!r}, which {why}")
             del state[sid]
             cur -= size[sid]
+            if host_ready.pop(sid, None) is not None:  # dead: its host copy goes too
+                host_cur -= size[sid]
             during = cur
         elif op == "offload":
             _check_value(size, sid, static, inputs, fail, i)
@@ -215,15 +249,24 @@ def simulate(
                 del state[sid]
                 cur -= size[sid]
             else:
-                dur = size[sid] / bw
-                begin = max(t_copy, ready[sid])
-                t_copy = begin + dur
+                dur = latency + size[sid] / d2h_bw
+                if overlaps:
+                    begin = max(t_d2h, ready[sid])
+                    t_d2h = begin + dur
+                else:  # the copy holds the compute stream
+                    begin = max(t_c, t_d2h, ready[sid])
+                    t_d2h = t_c = begin + dur
+                    stall += dur
+                done = begin + dur
                 transfer += dur
+                d2h_busy += dur
                 offload_bytes += size[sid]
-                host_ready[sid] = t_copy
+                host_ready[sid] = done
+                host_cur += size[sid]
+                host_peak = max(host_peak, host_cur)
                 state[sid] = _OFFLOADING
                 seq += 1
-                heapq.heappush(pending, (t_copy, seq, sid))
+                heapq.heappush(pending, (done, seq, sid))
                 release_until(t_c)
             during = cur
         elif op == "prefetch":
@@ -234,17 +277,23 @@ def simulate(
             if state.get(sid) == _ON_DEVICE:
                 raise fail(i, f"prefetches value {sid!r}, which is still on the device")
             if state.get(sid) == _OFFLOADING:
-                # The copy stream is in order: this prefetch starts after the offload has
-                # finished, so the old device copy is gone before the new one is filled.
+                # The prefetch starts after the offload has finished, so the old device copy
+                # is gone before the new one is filled.
                 del state[sid]
                 cur -= size[sid]
-            dur = size[sid] / bw
-            begin = max(t_copy, host_ready[sid])
-            t_copy = begin + dur
+            dur = latency + size[sid] / h2d_bw
+            if overlaps:
+                begin = max(t_h2d, host_ready[sid])
+                t_h2d = begin + dur
+            else:
+                begin = max(t_c, t_h2d, host_ready[sid])
+                t_h2d = t_c = begin + dur
+                stall += dur
             transfer += dur
+            h2d_busy += dur
             prefetch_bytes += size[sid]
             state[sid] = _ON_DEVICE
-            ready[sid] = t_copy
+            ready[sid] = begin + dur
             cur += size[sid]
             during = cur
         else:  # pragma: no cover - Step validates op
@@ -271,7 +320,7 @@ def simulate(
         elif r not in inputs and state.get(r) != _ON_DEVICE:
             raise InvalidPlanError(f"plan ends without required value {r!r} on the device", step=n)
     release_until(math.inf)
-    total = max(t_c, t_copy)
+    total = max(t_c, t_d2h, t_h2d)
     return Simulation(
         peak_bytes=graph.static_bytes + peak,
         static_bytes=graph.static_bytes,
@@ -292,6 +341,9 @@ def simulate(
         timeline_bytes=timeline,
         alive_value_ids=alive,
         alive_workspace_bytes=alive_ws,
+        device_to_host_busy_s=d2h_busy,
+        host_to_device_busy_s=h2d_busy,
+        host_peak_bytes=host_peak,
     )
 
 

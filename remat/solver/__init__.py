@@ -22,6 +22,7 @@ from remat.solver import (  # noqa: F401  (importing a solver module registers i
     hierarchical,
     lp_round,
     milp,
+    offload,
     pofo,
     revolve,
     rotor,
@@ -82,12 +83,16 @@ def solve(
     checked. ``progress`` receives :class:`Progress` reports from solvers that make them. The
     default solver is :func:`default_solver` (``auto`` when it is registered). With
     ``executor="checkpoint"`` the plan is one that ``remat.apply(..., mode="checkpoint")`` runs
-    exactly (:mod:`remat.ir.checkpoint_class`, seeded with the solver's plan).
+    exactly (:mod:`remat.ir.checkpoint_class`, seeded with the solver's plan); a solver's
+    ``offload`` option then defaults to off, as that executor does not offload.
     """
     if executor not in ("op", "checkpoint"):
         raise ValueError(f"executor must be 'op' or 'checkpoint', got {executor!r}")
     si = info(solver or default_solver())
     checked = si.check_options(options)
+    if executor == "checkpoint" and "offload" in checked and "offload" not in options:
+        # the checkpoint executor does not offload: by default, do not plan for it
+        checked = {**checked, "offload": False}
     problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
     result = si.solve(problem, checked)
     if executor == "checkpoint":

@@ -6,24 +6,37 @@
    (:func:`remat.solver.bounds.best_bound`: the knapsack relaxations at cuts of the step, the
    exact model's LP on small graphs), on a tenth of the time.
 3. Graphs of up to :data:`MILP_MAX_NODES` nodes: fast heuristics and chain DPs, cheapest
-   first (``checkpoint-all``, ``dtr`` with its two scores, Chen's greedy, ``rotor``; ``pofo``
-   when offloading is allowed), ``hierarchical`` and ``lp-round``, then the exact MILP
+   first (``checkpoint-all``, ``dtr`` with its two scores, Chen's greedy, ``rotor``),
+   ``hierarchical`` and ``lp-round``, then the exact MILP
    (``milp``) with the time left, started from the plans found.
 4. Larger graphs, where the whole-graph MILP does not fit the time: ``dtr`` with its two
    scores (under a second on 8,000 nodes), ``hierarchical``
    (blocks solved exactly, rotor's DP across them) with all the time but
-   :data:`BASELINES_SHARE`, then ``rotor`` (and ``pofo``), ``checkpoint-all`` and Chen's
-   greedy with what is left (on a 5,000-node graph they take seconds each, and their plans
-   lie in hierarchical's class); on graphs of up to :data:`MILP_LAST_NODES` nodes, the MILP
-   after them with the time left, started from their plans.
+   :data:`BASELINES_SHARE`, then ``rotor``, ``checkpoint-all`` and Chen's
+   greedy with what is left (on a 5,000-node graph they
+   take seconds each, and their plans lie in hierarchical's class); on graphs of up to
+   :data:`MILP_LAST_NODES` nodes, the MILP after them with the time left, started from
+   their plans.
+5. With offloading (by default on a device whose profile has a host link with a host memory
+   budget, as the datasheet profiles do; ``offload=False`` turns it off): the recompute-only
+   methods run first with the shares they have without it; then, before the MILP,
+   :data:`OFFLOAD_SHARE` of the time for recompute-only plans (``hierarchical``, ``dtr``)
+   made for larger budgets and offloaded down to this one where
+   the link hides the copies (:func:`remat.solver.offload.combine`; all the time left where
+   no MILP follows), then ``pofo`` with what is left, both skipped when a plan is already
+   within ``gap_tolerance`` of the eager time. On graphs where the MILP runs, it then has
+   that much less time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
 without ``milp``'s optional restrictions, i.e. graphs of up to 12 nodes by default) when it
 lies below the plan found, and never less than the eager time; ``gap`` is measured against it.
 ``optimal`` therefore means: the eager plan fits, or the plan meets a bound proven over the
-whole schedule class. Plans that offload (``pofo``) are only tried with ``offload=True``, since
-they need an executor with a copy stream (and then only the eager bound holds).
+whole schedule class. With offloading the recompute-only bounds only stop the recompute-only
+search early; the answer's bound is :func:`remat.solver.offload.combined_bound` (the
+recompute-only bound at the budget plus what the host can hold during the step), and its
+message says offloading was on. Plans that offload need an executor with a copy stream (the
+op executor; ``executor="checkpoint"`` turns offloading off by default).
 
 Early stop: after every method, when the best plan is within ``gap_tolerance`` (default 1%) of
 the best proven bound (step 2's, the eager time, the LP value or a dual bound a method proved),
@@ -53,13 +66,14 @@ from dataclasses import replace
 from pydantic import Field
 
 from remat.ir import Plan, SolverBugError
-from remat.ir.result import Progress, SolveResult, best_result, speed_key
+from remat.ir.result import Progress, SolveResult, best_result, peak_key, speed_key
 from remat.solver import known
 from remat.solver.base import SolverOptions, info, register
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
+from remat.solver.offload import combine, combined_bound, offload_pass
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 600
@@ -77,6 +91,12 @@ BASELINES_SHARE = 0.2
 """On graphs above :data:`MILP_MAX_NODES` nodes, the share of the time limit kept from
 ``hierarchical`` for ``rotor``, ``checkpoint-all`` and Chen's greedy, which run after it."""
 
+OFFLOAD_SHARE = 0.25
+"""With offloading, the share of the time limit kept for
+:func:`remat.solver.offload.combine` (recompute-only plans for larger budgets, offloaded down
+to the budget), which runs after the recompute-only methods; on graphs above
+:data:`MILP_LAST_NODES` nodes, where no MILP follows, it has all the time left."""
+
 DTR_NEXT_USE = "dtr/next-use"
 """``auto``'s name for its second ``dtr`` run, scored by the distance to the next read."""
 
@@ -89,7 +109,11 @@ _log = logging.getLogger(__name__)
 class AutoOptions(SolverOptions):
     """Options of ``auto``."""
 
-    offload: bool = Field(False, description="Also try pofo (plans that offload to the host).")
+    offload: bool | None = Field(
+        None,
+        description="Plans that offload to the host too (default: when the graph's device "
+        "has a host link with a host memory budget).",
+    )
     gap_tolerance: float = Field(
         DEFAULT_GAP_TOLERANCE,
         ge=0.0,
@@ -107,7 +131,7 @@ class AutoOptions(SolverOptions):
 def solve_auto(
     problem: Problem,
     *,
-    offload: bool = False,
+    offload: bool | None = None,
     gap_tolerance: float = DEFAULT_GAP_TOLERANCE,
 ) -> SolveResult:
     """Run the solvers that suit the graph within the time limit (default 60 s) and return
@@ -122,8 +146,13 @@ def solve_auto(
     Parameters
     ----------
     offload
-        Also try ``pofo`` (offloading to host memory), whose plans move data over the host
-        link and need an executor that supports it.
+        Also make plans that offload to host memory: ``pofo`` and recompute-only plans for
+        larger budgets offloaded down to this one (:func:`remat.solver.offload.combine`),
+        whose copies need an executor with a copy stream. Default (None): on when the graph's
+        device has a host link with a host memory budget (the datasheet profiles), off
+        otherwise (the local CPU, graphs without a device). Whatever it finds, the fastest
+        simulated plan wins, so offloading never makes the answer slower than the
+        recompute-only one; the bound is then :func:`remat.solver.offload.combined_bound`.
     gap_tolerance
         Stop as soon as the best plan is within this relative gap of the best proven lower
         bound (``0``: run every method; ``0.01``: 1%, the default).
@@ -134,6 +163,8 @@ def solve_auto(
     limit = problem.time_limit_s
     assert limit is not None
     graph = problem.graph
+    if offload is None:
+        offload = graph.device is not None and graph.device.can_offload
     base = problem.baseline_time_s
     eager = info("none").run(problem)
     if eager.fits:
@@ -188,13 +219,9 @@ def solve_auto(
         )
 
     # the lower bound first, on a small share: it is cheap at any size (the LP only on small
-    # graphs) and valid whatever the methods below find
-    bound = best_bound(
-        graph,
-        problem.budget_bytes,
-        deadline=Deadline(problem.deadline).share(0.1),
-        offload=offload,
-    )
+    # graphs) and valid whatever the recompute-only methods below find (with offloading it
+    # only stops their search early; the answer's bound is the combined one, at the end)
+    bound = best_bound(graph, problem.budget_bytes, deadline=Deadline(problem.deadline).share(0.1))
     proven = [bound.time_s]
 
     def close_enough() -> bool:
@@ -209,13 +236,12 @@ def solve_auto(
         return best.figures.total_time_s <= lb * (1 + tolerance)
 
     exact_fits = graph.num_nodes <= MILP_MAX_NODES
-    offloads = ["pofo"] if offload else []
     # dtr (both scores) first at every size: under a second on 8,000 nodes, and on graphs
     # that are no chain (random layered DAGs, U-Nets) far better than the chain methods
     dtrs = ["dtr", DTR_NEXT_USE]
     if exact_fits:
         quick = [
-            "checkpoint-all", *dtrs, "chen-greedy", "rotor", *offloads, "hierarchical", "lp-round"
+            "checkpoint-all", *dtrs, "chen-greedy", "rotor", "hierarchical", "lp-round"
         ]  # fmt: skip
     else:
         # the whole-graph MILP does not fit the time: hierarchical first with most of it
@@ -223,7 +249,7 @@ def solve_auto(
         # stages); rotor and the baselines, which take seconds each on such graphs and
         # whose plans lie in its class, with what is left (on a loaded machine rotor first
         # left hierarchical too little to finish one block size)
-        quick = [*dtrs, "hierarchical", "rotor", *offloads, "checkpoint-all", "chen-greedy"]
+        quick = [*dtrs, "hierarchical", "rotor", "checkpoint-all", "chen-greedy"]
     stopped = False
     for name in quick:
         if close_enough():
@@ -246,13 +272,29 @@ def solve_auto(
                 good_enough_s=_bound(results, base, proven) * (1 + gap_tolerance / 4),
             )
         elif name == DTR_NEXT_USE:
-            run("dtr", share, heuristic="next-use")
-        elif name == "pofo":
-            # it keeps rotor's plan when it is faster: hand it the one rotor made
-            run(name, share, start_plans=_plans(results, fitting_only=False, only="rotor"))
+            run("dtr", share, heuristic="next-use", offload=False)
+        elif name == "dtr":
+            # offloading on top of dtr's plans is auto's own step below (combine)
+            run("dtr", share, offload=False)
         else:
             run(name, share)
     stopped = stopped or close_enough()
+    if offload and problem.time_left_s() > 0.1 and not _near_eager(results, base, gap_tolerance):
+        # its share, or all the time left where no MILP runs after it
+        left = problem.time_left_s()
+        share = left if graph.num_nodes > MILP_LAST_NODES else min(left, OFFLOAD_SHARE * limit)
+        _combine(problem, results, max(0.1, share))
+        if problem.time_left_s() > 0.1:
+            # pofo after it: its plans lost to the combination on every model of
+            # benchmarks/offload.py, and before it, it took the time the combination needs
+            # (7B Llama at 10%: +29.8% with pofo first, +17.1% without); it keeps rotor's
+            # plan when faster (rotor's is handed over); its own combination is off
+            run(
+                "pofo",
+                max(0.1, min(problem.time_left_s(), 0.25 * limit)),
+                start_plans=_plans(results, fitting_only=False, only="rotor"),
+                combine=False,
+            )
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",
@@ -263,13 +305,29 @@ def solve_auto(
     tried = ", ".join(r.solver for r in results)
     if skipped:
         tried += f"; skipped {', '.join(skipped)} (invalid plan, logged)"
+    device = graph.device.name if graph.device is not None else "no device"
+    how = (
+        f"; offloading on (the host link of {device}; offload=False turns it off)"
+        if offload
+        else "; recompute only"
+    )
     best = best_result(results)
     assert best is not None
     if not best.fits:
-        return _smallest_known(problem, results, t0, limit, tried)
+        return _smallest_known(problem, results, t0, limit, tried + how, offload=offload)
     assert best.plan is not None and best.figures is not None
     best_time = best.figures.total_time_s
-    lb = _bound(results, base, proven, below=best_time)
+    if offload:
+        # the recompute-only bounds do not hold for plans that offload: the combined one does
+        combined = combined_bound(
+            graph,
+            problem.budget_bytes,
+            upper_s=best_time,
+            deadline=Deadline.after(max(0.1, min(problem.time_left_s(), 0.05 * limit))),
+        )
+        lb = max(base, min(combined, best_time))
+    else:
+        lb = _bound(results, base, proven, below=best_time)
     is_optimal = best_time <= lb * (1 + 1e-9)
     gap = max(0.0, best_time / lb - 1) if lb > 0 else None
     early = " (within gap_tolerance of its bound: stopped early)" if stopped else ""
@@ -279,10 +337,53 @@ def solve_auto(
             "status": "optimal" if is_optimal else "feasible",
             "lower_bound_s": lb,
             "gap": gap,
-            "message": f"best plan from {best.solver}; tried {tried}{early}",
+            "message": f"best plan from {best.solver}; tried {tried}{early}{how}",
             "solve_time_s": time.perf_counter() - t0,
         }
     )
+
+
+def _near_eager(results: list[SolveResult], base: float, gap_tolerance: float) -> bool:
+    """The best plan is within ``gap_tolerance`` of the eager time, the bound every plan obeys,
+    offloading or not: nothing is left for offloading to win."""
+    best = best_result(results)
+    t = best.total_time_s if best is not None and best.fits else None
+    return t is not None and t <= base * (1 + gap_tolerance)
+
+
+COMBINED = "recompute+offload"
+"""The name ``auto`` gives plans of :func:`remat.solver.offload.combine`."""
+
+
+def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> None:
+    """Recompute-only plans (``hierarchical``, ``dtr``) for larger budgets, offloaded down to
+    the budget (:func:`remat.solver.offload.combine`), added to ``results``."""
+    t0 = time.perf_counter()
+    deadline = Deadline.after(time_s)
+
+    def plan_at(budget_bytes: int, dl: Deadline) -> Plan | None:
+        found: list[SolveResult] = []
+        # dtr first on a small share (it takes under a second on 8,000 nodes), hierarchical
+        # with the rest: on short limits it falls back to rotor's plan, which on a 70B Llama
+        # step did not fit at all where 4 s gave +2.0%
+        for name, opts, part in (("dtr", {"offload": False}, 0.25), ("hierarchical", {}, 1.0)):
+            left = dl.left_s()
+            if left <= 0:
+                break
+            # at another budget: its incumbents are not auto's, so they are not relayed
+            sub = replace(
+                problem.with_budget(budget_bytes).with_time_limit(max(0.1, part * left)),
+                on_progress=None,
+            )
+            try:
+                found.append(info(name).run(sub, **opts))
+            except SolverBugError as exc:
+                _log.error("auto: skipping solver %r, whose plan is invalid: %s", name, exc)
+        best = best_result(found)
+        return best.plan if best is not None and best.fits else None
+
+    for plan in combine(problem, plan_at, deadline=deadline):
+        results.append(problem.result(plan, solver=COMBINED, started=t0))
 
 
 def _bound(
@@ -309,17 +410,43 @@ def _smallest_known(
     t0: float,
     limit: float,
     tried: str,
+    *,
+    offload: bool = False,
 ) -> SolveResult:
-    """No method fits: the smallest plan known for the graph, after a short search below it."""
+    """No method fits: the smallest plan known for the graph, after a short search below it;
+    with ``offload``, that plan offloaded down to the budget when the link can take it there
+    (then it fits, and is the answer)."""
     graph = problem.graph
     share = min(max(0.0, problem.time_left_s()), 0.25 * limit)
     if share > 0.2:
         squeeze(graph, problem.budget_bytes, time_limit_s=share)
-    low = known.smallest(graph)
+    low = known.smallest(graph, offload=offload)
     best = best_result(results)
     assert best is not None
     if low is not None and (best.peak_bytes is None or low.peak_bytes < best.peak_bytes):
         best = problem.result(low.plan, solver=low.solver, started=t0)
+    if offload and best.plan is not None:
+        # at least a twentieth of the limit, past it if need be (within the tolerance every
+        # solver has): the search before may have spent all of it
+        plan, _ = offload_pass(
+            graph,
+            best.plan,
+            target_bytes=problem.budget_bytes,
+            deadline=Deadline.after(max(0.05 * limit, min(problem.time_left_s(), 0.1 * limit))),
+        )
+        moved = problem.result(plan, solver=f"{best.solver}+offload", started=t0)
+        if moved.fits:
+            return moved.model_copy(
+                update={
+                    "solver": "auto",
+                    "lower_bound_s": None,
+                    "message": f"no recompute-only plan fits; the smallest known, from "
+                    f"{best.solver}, offloaded to the host (tried {tried})",
+                    "solve_time_s": time.perf_counter() - t0,
+                }
+            )
+        if peak_key(moved) < peak_key(best):
+            best = moved
     lower = known.min_budget_lower_bytes(graph)
     return best.model_copy(
         update={

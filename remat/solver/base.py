@@ -179,7 +179,8 @@ def held_to_simulator(problem: Problem, result: SolveResult, solver: str) -> Sol
     SolverBugError
         Naming ``solver``, when the simulator rejects the plan, finds another peak or time than
         the result reports (plans without transfers, whose figures do not depend on the host
-        bandwidth), or the result claims to fit a budget its peak exceeds.
+        bandwidth), or the result claims to fit a budget its peak exceeds, or a host budget
+        its offloaded values exceed.
     """
     if result.plan is None or result.figures is None:
         return result
@@ -206,6 +207,14 @@ def held_to_simulator(problem: Problem, result: SolveResult, solver: str) -> Sol
         raise SolverBugError(
             f"solver {solver!r} reports {result.status!r} for a plan peaking at "
             f"{result.figures.peak_bytes} bytes, above the budget of {result.budget_bytes}",
+            solver=solver,
+        )
+    host = problem.graph.link.host_memory_bytes
+    if result.fits and host is not None and result.figures.host_peak_bytes > host:
+        raise SolverBugError(
+            f"solver {solver!r} reports {result.status!r} for a plan holding "
+            f"{result.figures.host_peak_bytes} bytes of host memory, above the host budget of "
+            f"{host} (host_link.host_memory_bytes)",
             solver=solver,
         )
     return result

@@ -63,6 +63,7 @@ from remat.ir.plan import Step, StepOp, step_maker
 from remat.ir.result import SolveResult, best_result
 from remat.solver.base import SolverOptions, register
 from remat.solver.deadline import Deadline, Expired, judging_s
+from remat.solver.offload import combine
 from remat.solver.problem import Problem
 
 Heuristic = Literal["dtr", "next-use"]
@@ -107,6 +108,11 @@ class DtrOptions(SolverOptions):
     backward_last: bool = Field(
         True,
         description="Evict values made by backward nodes only when no forward-made value can go.",
+    )
+    offload: bool | None = Field(
+        None,
+        description="Also evict to the host where the link hides the round trip (default: "
+        "when the graph's device has a host link with a host memory budget).",
     )
 
 
@@ -430,6 +436,7 @@ def solve_dtr(
     heuristic: Heuristic = "dtr",
     sample: int = 32,
     backward_last: bool = True,
+    offload: bool | None = None,
 ) -> SolveResult:
     """Plan the step with DTR's eviction policy (see the module docstring).
 
@@ -445,10 +452,20 @@ def solve_dtr(
         Evict values made by backward nodes only when no forward-made value can go (a
         gradient is costly to remake: its recomputation reaches back through the backward
         pass to the loss). Off: every value competes on its score alone, as in the paper.
+    offload
+        Also evict values to the host, Capuchin-style: where a value's next use is far enough
+        that the link hides its round trip, and the link is free then (the simulator shows no
+        added time). Done on DTR's plans for larger budgets, whose evictions to the host
+        bring them down to this one (:func:`remat.solver.offload.combine`); the fastest plan
+        wins. Default (None): on when the graph's device has a host link with a host memory
+        budget.
 
     References
     ----------
     M. Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021.
+
+    X. Peng et al., "Capuchin: Tensor-based GPU Memory Management for Deep Learning",
+    ASPLOS 2020.
     """
     t0 = time.perf_counter()
     graph = problem.graph
@@ -506,9 +523,32 @@ def solve_dtr(
             status="timeout" if timed_out else "infeasible",
             message=f"the DTR planner {why}",
         )
-    best = best_result([a.result for a in attempts])
+    results = [a.result for a in attempts]
+    if offload is None:
+        offload = graph.device is not None and graph.device.can_offload
+    if offload and not timed_out and not deadline.expired():
+
+        def dtr_at(budget_bytes: int, dl: Deadline) -> Plan | None:
+            try:
+                plan, _ = dtr_plan(
+                    graph,
+                    budget_bytes - problem.static_bytes,
+                    heuristic=heuristic,
+                    sample=sample,
+                    backward_last=backward_last,
+                    deadline=dl,
+                )
+            except (Thrashing, Expired):
+                return None
+            return plan
+
+        for plan in combine(problem, dtr_at, deadline=deadline.share(0.5)):
+            results.append(problem.result(plan, solver="dtr", started=t0))
+    best = best_result(results)
     assert best is not None
     how = "within the budget" if best.fits else "over the budget (smallest peak)"
+    if best.plan is not None and any(s.op == "offload" for s in best.plan.steps):
+        how += ", values evicted to the host"
     return best.model_copy(
         update={
             "message": f"DTR ({heuristic}) plan {how}; {tries} internal budget(s) tried",

@@ -30,30 +30,45 @@ class KnownPlan:
 
 _LOCK = threading.Lock()
 _SMALLEST: OrderedDict[str, KnownPlan] = OrderedDict()
+_SMALLEST_RECOMPUTE: OrderedDict[str, KnownPlan] = OrderedDict()
+"""The same, among plans that move nothing to the host (what a recompute-only answer may
+report)."""
+
+
+def _keep(table: OrderedDict[str, KnownPlan], key: str, known: KnownPlan) -> None:
+    old = table.get(key)
+    if old is None or known.peak_bytes < old.peak_bytes:
+        table[key] = known
+    table.move_to_end(key)
+    while len(table) > KEPT_GRAPHS:
+        table.popitem(last=False)
 
 
 def record(graph: Graph, plan: Plan, peak_bytes: int, solver: str) -> None:
-    """Remember ``plan`` (simulated peak ``peak_bytes``) when it is the smallest known."""
+    """Remember ``plan`` (simulated peak ``peak_bytes``) when it is the smallest known (of all
+    plans, and of those without offloading when it has none)."""
     key = graph.content_hash()
+    known = KnownPlan(peak_bytes, plan, solver)
+    moves = any(s.op in ("offload", "prefetch") for s in plan.steps)
     with _LOCK:
-        old = _SMALLEST.get(key)
-        if old is None or peak_bytes < old.peak_bytes:
-            _SMALLEST[key] = KnownPlan(peak_bytes, plan, solver)
-        _SMALLEST.move_to_end(key)
-        while len(_SMALLEST) > KEPT_GRAPHS:
-            _SMALLEST.popitem(last=False)
+        _keep(_SMALLEST, key, known)
+        if not moves:
+            _keep(_SMALLEST_RECOMPUTE, key, known)
 
 
-def smallest(graph: Graph) -> KnownPlan | None:
-    """The smallest-peak plan known for ``graph``, if any."""
+def smallest(graph: Graph, *, offload: bool = True) -> KnownPlan | None:
+    """The smallest-peak plan known for ``graph``, if any (``offload=False``: among plans
+    that move nothing to the host)."""
     with _LOCK:
-        return _SMALLEST.get(graph.content_hash())
+        table = _SMALLEST if offload else _SMALLEST_RECOMPUTE
+        return table.get(graph.content_hash())
 
 
 def forget() -> None:
     """Drop everything remembered (tests)."""
     with _LOCK:
         _SMALLEST.clear()
+        _SMALLEST_RECOMPUTE.clear()
 
 
 def min_budget_lower_bytes(graph: Graph) -> int:

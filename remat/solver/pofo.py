@@ -10,7 +10,11 @@ exactly; as for rotor, the memory the DP plans for is lowered until the expanded
 and the rotor plan (no transfers) is kept when it is faster.
 
 This is a simplified form of POFO: one offload decision per stage (its saved activations),
-no offloading of checkpoints, no bandwidth sharing inside the DP.
+no offloading of checkpoints, no bandwidth sharing inside the DP. Since the DP offloads whole
+stages and prices each stage's copies alone, it misses what a saturated link still hides (in
+bf16 a 7B Llama step's forward moves about 5 GiB); so rotor's plans for larger budgets,
+offloaded value by value down to the budget where the simulator shows no added time
+(:func:`remat.solver.offload.combine`), are candidates too, and the fastest plan wins.
 
 References
 ----------
@@ -33,6 +37,7 @@ from remat.ir.result import SolveResult
 from remat.solver.base import register
 from remat.solver.chain_dp import fit_chain_plan, min_chain_slots, trivial_result
 from remat.solver.deadline import Deadline, judging_s
+from remat.solver.offload import combine as combine_plans
 from remat.solver.problem import Problem
 from remat.solver.rotor import RotorOptions, dp_chain, memory_slots, rotor_within, table_within
 
@@ -62,6 +67,11 @@ class PofoOptions(RotorOptions):
     host_bandwidth_bytes_per_s: float | None = Field(
         None, gt=0, description="Host link bandwidth (default: the graph's device profile)."
     )
+    combine: bool = Field(
+        True,
+        description="Also rotor's plans for larger budgets, offloaded down to the budget "
+        "where the link hides the copies (on the graph's own link only).",
+    )
 
 
 @register(
@@ -77,6 +87,7 @@ def solve_pofo(
     cuts: CutKind = "auto",
     max_stages: int | None = None,
     host_bandwidth_bytes_per_s: float | None = None,
+    combine: bool = True,
     start_plans: Sequence[Plan] | None = None,
 ) -> SolveResult:
     """Checkpointing plus offloading on the graph's chain view (see the module docstring).
@@ -88,6 +99,10 @@ def solve_pofo(
     host_bandwidth_bytes_per_s
         Bandwidth of the host link for planning and simulation (default: the graph's device
         profile; ``math.inf`` makes transfers free).
+    combine
+        Also rotor's plans for larger budgets, offloaded down to this one where the link hides
+        the copies (:func:`remat.solver.offload.combine`); only on the graph's own link
+        (without ``host_bandwidth_bytes_per_s``). ``auto`` turns it off: it combines itself.
     start_plans
         Plans without transfers to keep when they are faster (``auto`` hands over rotor's);
         by default rotor runs here for one. A Python keyword, not a service option.
@@ -98,13 +113,17 @@ def solve_pofo(
     Offloading for Training DNNs", NeurIPS 2021.
     """
     graph = problem.graph
-    bw = (
-        graph.host_bandwidth_bytes_per_s
-        if host_bandwidth_bytes_per_s is None
-        else (host_bandwidth_bytes_per_s)
-    )
-    if not bw > 0:
+    link = graph.link
+    # a bandwidth given here prices copies both ways without latency (as the simulator's
+    # override does); else the graph's own link, slower direction and latency included
+    bw = host_bandwidth_bytes_per_s
+    if bw is not None and not bw > 0:
         raise ValueError(f"host_bandwidth_bytes_per_s must be > 0, got {bw}")
+    if bw is None:
+        dp_bw = min(link.device_to_host_bytes_per_s, link.host_to_device_bytes_per_s)
+        latency = link.latency_s
+    else:
+        dp_bw, latency = bw, 0.0
     t0 = time.perf_counter()
     triv = trivial_result(problem, "pofo", t0)
     if triv is not None:
@@ -121,6 +140,19 @@ def solve_pofo(
         )
         start_plans = [rotor.plan] if rotor.plan is not None else []
     extra = list(start_plans)
+    if combine and bw is None:
+        # rotor for larger budgets, offloaded down to this one (the link's own figures only)
+        def rotor_at(budget_bytes: int, dl: Deadline) -> Plan | None:
+            r = rotor_within(
+                problem.with_budget(budget_bytes),
+                dl.share(0.5),
+                mem_slots=mem_slots,
+                cuts=cuts,
+                max_stages=max_stages,
+            )
+            return r.plan if r.fits else None
+
+        extra += combine_plans(problem, rotor_at, deadline=deadline.share(0.3, reserve_s=keep_s))
     room = problem.room_bytes
     slot, _ = memory_slots(problem, mem_slots)
     got = table_within(
@@ -128,7 +160,9 @@ def solve_pofo(
         slot,
         mem_slots,
         deadline.share(1.0, reserve_s=keep_s),
-        transfer_of=lambda c: np.array([s.all_bytes / bw for s in c.stages], dtype=np.float64),
+        transfer_of=lambda c: np.array(
+            [latency + s.all_bytes / dp_bw for s in c.stages], dtype=np.float64
+        ),
     )
     if got is None:  # no time for the offloading DP: the start plans are POFO plans too
         if extra:

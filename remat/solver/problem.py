@@ -170,7 +170,10 @@ class Problem:
 
         ``status`` defaults to ``feasible``; a plan whose simulated peak exceeds the budget is
         reported ``infeasible`` with ``min_budget_bytes`` set to its peak, whatever was asked,
-        and ``min_budget_lower_bytes`` set to the proven lower bound on any plan's peak. A plan
+        and ``min_budget_lower_bytes`` set to the proven lower bound on any plan's peak; so is
+        a plan whose offloaded values hold more host memory than the link's
+        ``host_memory_bytes`` (no device budget would make it fit: ``min_budget_bytes`` stays
+        unset, the message says why). A plan
         simulated at the graph's own host bandwidth is remembered in :mod:`remat.solver.known`,
         so no later answer reports a minimum budget above it.
 
@@ -182,12 +185,21 @@ class Problem:
         """
         sim = self.simulate(plan, host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s)
         graph = self.graph
-        if host_bandwidth_bytes_per_s is None:
+        host_budget = graph.link.host_memory_bytes
+        over_host = host_budget is not None and sim.host_peak_bytes > host_budget
+        if host_bandwidth_bytes_per_s is None and not over_host:
             known.record(graph, plan, sim.peak_bytes, solver)
         base = self.baseline_time_s
         st: Status = status or "feasible"
         min_budget = None
-        if sim.peak_bytes > self.budget_bytes:
+        if over_host:
+            st = "infeasible"
+            why = (
+                f"its offloaded values hold {sim.host_peak_bytes} bytes of host memory, over "
+                f"the host budget of {host_budget} (host_link.host_memory_bytes)"
+            )
+            message = f"{message}; {why}" if message else why
+        elif sim.peak_bytes > self.budget_bytes:
             st = "infeasible"
             min_budget = sim.peak_bytes
         gap = None

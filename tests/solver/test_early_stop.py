@@ -64,7 +64,8 @@ def test_zero_tolerance_runs_every_method(ran) -> None:
 
 def test_an_open_gap_goes_on_to_the_milp(ran) -> None:
     g = chain(10)  # recomputation costs as much as the forward: 1% is out of reach of eager
-    r = get("auto")(g, resolve_budget(g, 0.4), time_limit_s=5)
+    # recompute only: over the A100 profile's host link, offloading comes within 1% of eager
+    r = get("auto")(g, resolve_budget(g, 0.4), time_limit_s=5, offload=False)
     assert r.fits and r.gap is not None and r.gap > 0.01
     assert "stopped early" not in r.message
     assert ran[:8] == [

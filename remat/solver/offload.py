@@ -1,0 +1,378 @@
+"""Offloading on top of any plan: the gaps where a value could wait on the host, the post-pass
+that moves values there while the simulator shows no added time, the baselines people use
+without a planner, and a lower bound for plans that offload.
+
+The key fact: a value saved in the forward pass and read again only in the backward pass sits
+idle on the device for most of the step; copying it to the host after its last forward read
+and back before its first backward read costs nothing while the host link is idle. The
+post-pass (:func:`offload_pass`) takes a plan, finds for each value its longest idle gap
+(:func:`value_gaps`), and, at the plan's peak, offloads the largest values whose gap hides the
+round trip, keeping only batches the simulator shows add no time (Capuchin's rule of swapping
+where the transfer hides under compute, applied to a fixed plan; Peng et al. 2020). Applied to
+a recompute-only plan made for a *larger* budget, it trades recomputation for copies
+(:func:`combine`, used by ``auto``).
+
+References
+----------
+X. Peng, X. Shi, H. Dai, H. Jin, W. Ma, Q. Xiong, F. Yang, X. Qian. "Capuchin: Tensor-based GPU
+Memory Management for Deep Learning." ASPLOS 2020.
+
+O. Beaumont, L. Eyraud-Dubois, A. Shilova. "Efficient Combination of Rematerialization and
+Offloading for Training DNNs." NeurIPS 2021.
+
+J. Ren, S. Rajbhandari, R. Y. Aminabadi, O. Ruwase, S. Yang, M. Zhang, D. Li, Y. He.
+"ZeRO-Offload: Democratizing Billion-Scale Model Training." USENIX ATC 2021 (DeepSpeed's CPU
+activation checkpointing).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from remat.ir import Graph, Plan, Simulation, block_cuts, keep_plan, simulate
+from remat.ir.device_profile import HostLink
+from remat.ir.plan import Step, step_maker
+from remat.ir.result import SolveResult
+from remat.solver.base import NoOptions, register
+from remat.solver.bounds import best_bound
+from remat.solver.deadline import Deadline
+from remat.solver.problem import Problem
+
+MAX_MISSES = 4
+"""The post-pass stops after this many values in a row, each tried alone, added time: the link
+is then saturated where the peak is (each try costs a simulation)."""
+
+PREFETCH_LEAD = 2.0
+"""A prefetch is issued this many times its own copy time (latency included) of compute ahead
+of the read that needs it: the slack covers prefetches queued before it on the same stream."""
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The longest stretch of a plan in which a value stays on the device unread.
+
+    ``after`` is the index of the step (its producing compute or a read) after which it could
+    be offloaded, ``before`` the index of the compute that reads it next, before which it must
+    be back; ``span_s`` the compute time of the steps strictly between."""
+
+    value: str
+    after: int
+    before: int
+    size_bytes: int
+    span_s: float
+
+    def covers(self, step: int) -> bool:
+        """Whether the value could be off the device during step ``step`` of the plan."""
+        return self.after < step < self.before
+
+
+def round_trip_s(link: HostLink, size_bytes: int) -> float:
+    """Time of one offload and one prefetch of ``size_bytes`` on ``link``, latency included."""
+    return (
+        2 * link.latency_s
+        + size_bytes / link.device_to_host_bytes_per_s
+        + size_bytes / link.host_to_device_bytes_per_s
+    )
+
+
+def _compute_clock(graph: Graph, plan: Plan) -> list[float]:
+    """``clock[i]``: the compute time of the plan's steps before step ``i`` (one entry more
+    than the steps)."""
+    node = graph.node_map()
+    clock = [0.0]
+    for s in plan.steps:
+        clock.append(clock[-1] + (node[s.id].time_s if s.op == "compute" else 0.0))
+    return clock
+
+
+def value_gaps(graph: Graph, plan: Plan) -> list[Gap]:
+    """Each offloadable value's longest gap in ``plan`` (see :class:`Gap`), by compute time.
+
+    Offloadable: produced by the step (not static, not an input the caller holds) and never
+    moved by ``plan`` already. A gap never spans a compute of the value's producer (a
+    recomputation would write the value while it is on the host) nor a ``free`` of it.
+    """
+    node = graph.node_map()
+    static = graph.static_ids()
+    size = graph.size_map()
+    inputs = {v.id for v in graph.values if v.kind == "input"}
+    clock = _compute_clock(graph, plan)
+    moved = {s.id for s in plan.steps if s.op in ("offload", "prefetch")}
+    last: dict[str, int] = {}
+    best: dict[str, Gap] = {}
+    for i, s in enumerate(plan.steps):
+        if s.op == "compute":
+            n = node[s.id]
+            for x in n.inputs:
+                j = last.get(x)
+                if j is not None:
+                    span = clock[i] - clock[j + 1]
+                    g = best.get(x)
+                    if i > j + 1 and (g is None or span > g.span_s):
+                        best[x] = Gap(x, j, i, size[x], span)
+                    last[x] = i
+            for o in n.outputs:
+                if o not in static and o not in inputs:
+                    last[o] = i
+        elif s.op == "free":
+            last.pop(s.id, None)
+    return [g for v, g in best.items() if v not in moved]
+
+
+def with_offloads(
+    graph: Graph, plan: Plan, gaps: Iterable[Gap], *, lead: float = PREFETCH_LEAD
+) -> tuple[Plan, list[int]]:
+    """``plan`` with each gap's value offloaded after ``gap.after`` and prefetched ahead of
+    ``gap.before`` by ``lead`` times its copy time of compute (never before its offload).
+
+    Returns the plan and, per step of it, the index of the step of ``plan`` it stands at (an
+    inserted copy: the step it was inserted next to)."""
+    link = graph.link
+    make = step_maker(graph)
+    clock = _compute_clock(graph, plan)
+    after: dict[int, list[Step]] = {}
+    before: dict[int, list[Step]] = {}
+    for g in sorted(gaps, key=lambda g: (g.after, g.value)):
+        after.setdefault(g.after, []).append(make("offload", g.value))
+        need = lead * (link.latency_s + g.size_bytes / link.host_to_device_bytes_per_s)
+        # the latest step p with at least `need` of compute from p up to the read
+        p = bisect.bisect_right(clock, clock[g.before] - need) - 1
+        p = min(max(p, g.after + 1), g.before)
+        before.setdefault(p, []).append(make("prefetch", g.value))
+    steps: list[Step] = []
+    origin: list[int] = []
+    for i, s in enumerate(plan.steps):
+        for x in before.get(i, ()):
+            steps.append(x)
+            origin.append(i)
+        steps.append(s)
+        origin.append(i)
+        for x in after.get(i, ()):
+            steps.append(x)
+            origin.append(i)
+    return Plan(steps=tuple(steps)), origin
+
+
+def _fits_host(graph: Graph, sim: Simulation) -> bool:
+    budget = graph.link.host_memory_bytes
+    return budget is None or sim.host_peak_bytes <= budget
+
+
+def offload_pass(
+    graph: Graph,
+    plan: Plan,
+    *,
+    target_bytes: int | None = None,
+    max_time_s: float | None = None,
+    deadline: Deadline | None = None,
+    sim: Simulation | None = None,
+) -> tuple[Plan, Simulation]:
+    """Offload values of ``plan`` while the simulator shows no added time (see the module
+    docstring), until its peak is at most ``target_bytes`` (None: as low as it goes).
+
+    At the peak step, the values whose gap covers it and hides their round trip on the host
+    link are taken largest first, as many as the peak is over the target; a batch is kept when
+    the simulated time stays within ``max_time_s`` (default: the plan's own time: no added
+    stall) and the host peak within the link's host budget, else halved (a single value that
+    adds time is dropped). Among values of one size, the one whose gap starts first goes
+    first (its copy is done soonest). Ends when the target is met, no value covers the peak,
+    after :data:`MAX_MISSES` values in a row are dropped, or at ``deadline``.
+
+    Returns the plan and its simulation (``plan`` itself when nothing was offloaded).
+    """
+    base = sim if sim is not None else simulate(graph, plan)
+    allowed = (base.total_time_s if max_time_s is None else max_time_s) * (1 + 1e-9) + 1e-12
+    link = graph.link
+    target = -1 if target_bytes is None else target_bytes
+    gaps = [g for g in value_gaps(graph, plan) if g.span_s >= round_trip_s(link, g.size_bytes)]
+    chosen: list[Gap] = []
+    dropped: set[str] = set()
+    best_plan, best_sim, origin = plan, base, list(range(len(plan.steps)))
+    misses = 0
+    while best_sim.peak_bytes > target and best_sim.peak_step >= 0 and misses < MAX_MISSES:
+        if deadline is not None and deadline.expired():
+            break
+        at = origin[best_sim.peak_step]
+        taken = {g.value for g in chosen} | dropped
+        cover = sorted(
+            (g for g in gaps if g.value not in taken and g.covers(at)),
+            key=lambda g: (-g.size_bytes, g.after, g.value),
+        )
+        if not cover:
+            break
+        need = best_sim.peak_bytes - target if target >= 0 else math.inf
+        k, got = 0, 0
+        while k < len(cover) and got < need:
+            got += cover[k].size_bytes
+            k += 1
+        batch = cover[:k]
+        while batch:
+            p, o = with_offloads(graph, plan, [*chosen, *batch])
+            s = simulate(graph, p)
+            if (
+                s.total_time_s <= allowed
+                and _fits_host(graph, s)
+                and s.peak_bytes <= best_sim.peak_bytes
+            ):
+                chosen += batch
+                best_plan, best_sim, origin = p, s, o
+                misses = 0
+                break
+            if len(batch) == 1:
+                dropped.add(batch[0].value)
+                misses += 1
+                break
+            batch = batch[: len(batch) // 2]
+            if deadline is not None and deadline.expired():
+                break
+    return best_plan, best_sim
+
+
+LINK_REACH = (1.0, 0.8, 0.6, 1.25, 0.4, 0.2)
+"""The shares of the link's reach (the bytes it moves device to host during the forward pass)
+:func:`combine` tries as the memory offloading takes off, the likeliest first."""
+
+
+def link_reach_bytes(graph: Graph) -> int:
+    """Bytes the device-to-host link moves during the forward pass's compute time (capped by
+    the host budget): about what offloading can take off a peak at the start of the backward
+    pass without delaying it."""
+    link = graph.link
+    fwd = sum(n.time_s for n in graph.nodes if n.phase == "forward")
+    reach = link.device_to_host_bytes_per_s * fwd
+    if link.host_memory_bytes is not None:
+        reach = min(reach, link.host_memory_bytes)
+    return int(reach)
+
+
+def combine(
+    problem: Problem,
+    recompute_plan_at: Callable[[int, Deadline], Plan | None],
+    *,
+    deadline: Deadline,
+    reach: Sequence[float] = LINK_REACH,
+) -> list[Plan]:
+    """Recompute-only plans made for larger budgets, offloaded down to the problem's budget.
+
+    For each share ``f`` of :func:`link_reach_bytes` (in order), ``recompute_plan_at(budget +
+    f * reach, deadline)`` plans for that larger budget (the eager plan, without a call, once
+    the budget reaches the eager peak), and :func:`offload_pass` offloads it down to the
+    problem's budget with no added time. Returns the plans that reach the budget (the caller
+    simulates them again in its results). Stops at ``deadline``.
+    """
+    graph = problem.graph
+    budget = problem.budget_bytes
+    eager_peak = problem.eager.peak_bytes
+    full = link_reach_bytes(graph)
+    out: list[Plan] = []
+    tried: set[int] = set()
+    for f in reach:
+        if deadline.expired():
+            break
+        at = min(eager_peak, budget + int(f * full))
+        if at <= budget or at in tried:
+            continue
+        tried.add(at)
+        if at >= eager_peak:
+            plan: Plan | None = problem.eager_plan
+            base: Simulation | None = problem.eager
+        else:
+            plan, base = recompute_plan_at(at, deadline), None
+        if plan is None:
+            continue
+        p, s = offload_pass(graph, plan, target_bytes=budget, deadline=deadline, sim=base)
+        if s.peak_bytes <= budget and _fits_host(graph, s):
+            out.append(p)
+    return out
+
+
+def combined_bound(graph: Graph, budget_bytes: int, *, upper_s: float | None = None,
+                   deadline: Deadline | None = None) -> float:  # fmt: skip
+    """A lower bound on the time of the fastest plan within ``budget_bytes`` that may also
+    offload, given ``upper_s``, the time of any plan known within the budget (None: none).
+
+    Proof. Take a plan P (offloads allowed) of time T. Drop its offload and prefetch steps:
+    each value stays on the device instead, so the result P' is a valid recompute-only plan
+    with the same computes, of time at most T (its compute time; no copies, no stalls). At
+    every step P' holds P's device bytes plus the values P then holds only on the host; those
+    are at most the host budget H and at most the bytes the device-to-host link moved by then,
+    ``bw * T``. So P' fits ``budget + min(H, bw * T)`` and, by the recompute-only bound ``L``
+    of :func:`~remat.solver.bounds.best_bound` (non-increasing in the budget),
+    ``T >= L(budget + min(H, bw * T))``. The fastest plan has ``T <= upper_s``, hence
+    ``T >= L(budget + min(H, bw * upper_s))``; without ``upper_s``, ``T >= L(budget + H)``,
+    and with neither bounded, only the eager bound (every node once) holds.
+
+    Returns the bound in seconds (``math.inf``: no plan fits the budget even with offloading).
+    """
+    link = graph.link
+    room: list[float] = []
+    if link.host_memory_bytes is not None:
+        room.append(float(link.host_memory_bytes))
+    if upper_s is not None and math.isfinite(upper_s):
+        room.append(link.device_to_host_bytes_per_s * upper_s)
+    if not room:
+        return best_bound(graph, budget_bytes, offload=True).time_s
+    extra = min(room)
+    return best_bound(graph, budget_bytes + int(extra), deadline=deadline).time_s
+
+
+# -- baselines ------------------------------------------------------------------------------
+
+
+def _saved_gaps(graph: Graph, plan: Plan, values: set[str] | None = None) -> list[Gap]:
+    """The gaps of ``plan`` that run from the forward pass to the backward pass, of ``values``
+    (default: every value)."""
+    node = graph.node_map()
+    out = []
+    for g in value_gaps(graph, plan):
+        if values is not None and g.value not in values:
+            continue
+        first = node[plan.steps[g.before].id]
+        last = node[plan.steps[g.after].id]
+        if first.phase == "backward" and last.phase != "backward":
+            out.append(g)
+    return out
+
+
+@register(
+    "offload-all",
+    kind="baseline",
+    summary="Every saved activation to the host (torch save_on_cpu, torchtune)",
+    options=NoOptions,
+)
+def solve_offload_all(problem: Problem) -> SolveResult:
+    """No recomputation; every value saved for the backward pass is offloaded after its last
+    forward read and prefetched ahead of its first backward read, as
+    ``torch.autograd.graph.save_on_cpu`` (with torchtune's ``OffloadActivations`` streams:
+    copies beside compute) does."""
+    t0 = time.perf_counter()
+    graph = problem.graph
+    plan, _ = with_offloads(graph, problem.eager_plan, _saved_gaps(graph, problem.eager_plan))
+    return problem.result(plan, solver="offload-all", started=t0)
+
+
+@register(
+    "offload-checkpoints",
+    kind="baseline",
+    summary="Checkpoint every block, its inputs on the host (DeepSpeed CPU checkpointing)",
+    options=NoOptions,
+)
+def solve_offload_checkpoints(problem: Problem) -> SolveResult:
+    """``checkpoint-all`` (keep each block's inputs, recompute each block once), with the kept
+    block inputs offloaded between the forward and the backward pass, as DeepSpeed's activation
+    checkpointing with ``cpu_checkpointing`` does.
+
+    References
+    ----------
+    J. Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX ATC 2021.
+    """
+    t0 = time.perf_counter()
+    graph = problem.graph
+    kept = {v for c in block_cuts(graph) for v in c.values}
+    base = keep_plan(graph, kept)
+    plan, _ = with_offloads(graph, base, _saved_gaps(graph, base, kept))
+    return problem.result(plan, solver="offload-checkpoints", started=t0)
