@@ -48,6 +48,7 @@ def _new_highs(highspy: Any) -> Any:
             os.close(saved)
             os.close(devnull)
 
+
 Backend = Literal["highs", "cbc"]
 IncumbentCallback = Callable[[float, float | None], None]
 MipStatus = Literal["optimal", "feasible", "infeasible", "timeout", "error"]
