@@ -71,7 +71,10 @@ NO_SOLUTION = {
 def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
     g = make()  # type: ignore[operator]
     budget = frac_budget(g, frac)
-    run = run_checkmate(g, budget, time_limit_s=20)
+    # Where the ladder finds nothing in time today, 5 s is as good as 20 (and a plan found in
+    # them is checked in full).
+    known_slow = NO_SOLUTION.get((frac, ids_of[make])) == "none in time"
+    run = run_checkmate(g, budget, time_limit_s=5 if known_slow else 20)
     if run.solution is None or run.solution.values is None:
         why = NO_SOLUTION.get((frac, ids_of[make]))
         assert why is not None, f"no MILP solution for {ids_of[make]} at {frac}: {run.solution}"
