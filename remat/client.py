@@ -12,7 +12,7 @@ Needs ``httpx`` (the ``service`` extra), not torch or FastAPI.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -96,6 +96,8 @@ class Client:
         (busy, or its store unavailable) with ``Retry-After`` is backpressure, not failure (the
         service did no work for it), so the client waits as long as the header says (at most
         ``max_wait_s`` each time) and tries again; after that the :class:`ServiceError`.
+    sleep
+        How the client waits between tries (tests pass a recorder).
     """
 
     def __init__(
@@ -107,7 +109,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         max_retries: int = 5,
         max_wait_s: float = 30.0,
-        sleep: Any = time.sleep,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
