@@ -427,7 +427,7 @@ def apply(
         graph = result.graph
     if graph is not None:
         # checkpoint mode runs the model's own forward; the caller's loop computes the loss
-        check_applicable(model, graph, loss_fn if mode == "op" else None, loss=mode == "op")
+        check_applicable(model, graph, loss_fn, loss=mode == "op")
     if mode == "checkpoint":
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn
