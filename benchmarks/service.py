@@ -332,13 +332,18 @@ def main() -> None:
     ap.add_argument("--only", choices=("sqlite", "postgres"))
     ap.add_argument("--clients", default="50,200")
     ap.add_argument("--no-hostile", action="store_true")
+    ap.add_argument(
+        "--keep-logs", metavar="DIR", help="write the servers' and workers' logs to DIR, kept"
+    )
     args = ap.parse_args()
     rounds = 1 if args.quick else 3
     counts = [int(c) for c in args.clients.split(",")]
     table: list[tuple[str, int, dict[str, Any]]] = []
     hostile: list[tuple[str, str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp_text:
+    keep = contextlib.nullcontext(args.keep_logs) if args.keep_logs else None
+    with keep or tempfile.TemporaryDirectory() as tmp_text:
         tmp = Path(tmp_text)
+        tmp.mkdir(parents=True, exist_ok=True)
         if args.only in (None, "sqlite"):
             proc, url = _serve(f"sqlite:///{tmp}/bench.db", 2, tmp, "sqlite.log")
             try:
