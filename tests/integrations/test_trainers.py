@@ -140,12 +140,10 @@ def test_enable_keeps_outputs_state_dict_and_disable_restores(tmp_path: Path) ->
     assert "forward" not in model.__dict__ and remat.executor.planned_steps(model) == []
 
 
-def test_enable_runs_with_the_configs_cache_default_on() -> None:
+def test_enable_runs_with_the_configs_cache_default_on(tiny_llama: Any) -> None:
     """transformers decoders default to use_cache=True; enable turns it off in training, as
     gradient_checkpointing_enable() does, so the plan (op level) stays exact."""
-    from tiny_transformers import tiny_llama
-
-    plain = tiny_llama()
+    plain = tiny_llama
     assert plain.config.use_cache
     planned = copy.deepcopy(plain)
     remat.enable(planned, budget="50%", time_limit_s=5)
