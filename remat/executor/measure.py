@@ -342,7 +342,7 @@ def measure_fake(
 
     # The model's branches on data-independent tensors (transformers' packed-sequence check)
     # take eager's side, as in the capture.
-    with mode, tracker, answering_as_eager():
+    with mode, tracker, answering_as_eager(kwargs, example_inputs):
         out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs)
         loss = loss_fn(out) if loss_fn is not None else out
         del out

@@ -68,10 +68,8 @@ from remat.tracer.joint_passes import (
 )
 from remat.tracer.patches import (
     capture_patches,
-    single_sequence_positions,
-    unpadded_attention_mask,
 )
-from remat.tracer.shadow import Shadows, shadowing
+from remat.tracer.shadow import Shadows, seed_batch, shadowing
 
 __all__ = ["Capture", "LossFn", "TraceError", "capture"]
 
@@ -408,6 +406,7 @@ def capture(
         for pos, t in zip(tensor_pos, flat[P + B :], strict=True):
             leaves[pos] = t
         call_args, call_kwargs = pytree.tree_unflatten(leaves, input_spec)
+        seed_batch(recorder.shadows, call_kwargs, args[1])
         out = torch.func.functional_call(
             model, (params, buffers), tuple(call_args), dict(call_kwargs)
         )
@@ -441,11 +440,9 @@ def capture(
     # aot_function traces on fake tensors in any case (it makes its own FakeTensorMode for real
     # inputs, one that rejects the real tensors a model closes over); ours accepts them.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    single_sequence = single_sequence_positions(example_inputs)
-    no_padding = unpadded_attention_mask(example_inputs)
     try:
         with (
-            capture_patches(target=target, single_sequence=single_sequence, no_padding=no_padding),
+            capture_patches(target=target),
             mode,
             fx_traceback.preserve_node_meta(),
             modules,
@@ -509,7 +506,7 @@ def capture(
     )
     mapping = joint_to_ir(joint, signature)
     if target == "cpu":
-        with capture_patches(target=target, single_sequence=single_sequence, no_padding=no_padding):
+        with capture_patches(target=target):
             log = replay_forward(model, args[0], args[1], loss_fn)
         if log is not None:
             frees = eager_forward_frees(

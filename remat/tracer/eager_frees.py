@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from remat.ir import Graph
+from remat.tracer.shadow import ShadowMode, Shadows, seed_batch, shadowing
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -164,8 +165,11 @@ def replay_forward(
         for path, m in model.named_modules()
         if path
     ]
+    # The model's data questions answered as in the capture (remat.tracer.shadow).
+    shadows = Shadows()
+    seed_batch(shadows, fkwargs, kwargs)
     try:
-        with mode, logger:
+        with mode, logger, ShadowMode(shadows), shadowing(shadows):
             out = torch.func.functional_call(model, {**params, **buffers}, fargs, fkwargs)
             loss = loss_fn(out) if loss_fn is not None else out
             del out

@@ -23,13 +23,22 @@ that every thread of the process sees (dispatcher kernels, global flags, module 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from remat.tracer.shadow import ShadowMode, Shadows, known, shadowing
+from remat.tracer.shadow import (
+    BATCH_QUESTIONS,
+    ShadowMode,
+    Shadows,
+    batch_questions,
+    known,
+    seed_batch,
+    shadowing,
+)
 
 # Ops for which torch registers Python decompositions (at CompositeImplicitAutograd or
 # Autograd) that tracing uses but eager CPU does not (eager runs the C++ composite or
@@ -116,49 +125,10 @@ def allow_fake_constants() -> Iterator[None]:
         dynamo_utils.assert_no_fake_params_or_buffers = saved
 
 
-def single_sequence_positions(example_inputs: Any) -> bool | None:
-    """What transformers' eager ``find_packed_sequence_indices`` decides for the
-    ``position_ids`` given in these inputs: True when each batch row is one sequence (it
-    returns None and the causal mask can be left to attention's ``is_causal``), False when
-    sequences are packed, None when it cannot be told or there are none.
-
-    Given positions are the caller's data, read here as eager reads them. Without them a model
-    numbers the tokens itself (an ``arange`` in ``forward``), and :mod:`remat.tracer.shadow`
-    knows those values: the model's own question is answered as eager answers it, unpatched."""
-    import sys
-
-    masking = sys.modules.get("transformers.masking_utils")
-    if masking is None or not isinstance(example_inputs, dict):
-        return None
-    pos = example_inputs.get("position_ids")
-    if pos is None:
-        return None
-    if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.device.type == "meta":
-        return None
-    from torch._subclasses.fake_tensor import is_fake
-
-    if is_fake(pos):
-        return None
-    return masking.find_packed_sequence_indices(pos) is None
-
-
-def unpadded_attention_mask(example_inputs: Any) -> bool:
-    """Whether the inputs carry a real 2-D ``attention_mask`` that masks no token: eager
-    transformers then reads it (``fast_all``) and leaves causality to attention's
-    ``is_causal``, as without a mask."""
-    mask = example_inputs.get("attention_mask") if isinstance(example_inputs, dict) else None
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.device.type == "meta":
-        return False
-    from torch._subclasses.fake_tensor import is_fake
-
-    return not is_fake(mask) and bool(mask.bool().all())
-
-
 @contextlib.contextmanager
-def transformers_sees_tracing(
-    *, single_sequence: bool | None = None, no_padding: bool = False
-) -> Iterator[None]:
-    """transformers' ``is_tracing(tensor)`` recognises the capture's tensors.
+def transformers_sees_tracing() -> Iterator[None]:
+    """transformers' ``is_tracing(tensor)`` recognises the capture's tensors, and its masking
+    questions get eager's answers where the capture knows them.
 
     Its masking code reads tensor data in Python (``find_packed_sequence_indices``,
     ``_ignore_causal_mask_sdpa``) unless ``is_tracing`` says the tensor has none; that checks
@@ -166,17 +136,12 @@ def transformers_sees_tracing(
     fakes, and ``.item()`` raises ``DataDependentOutputException``. Nothing is imported: a
     process that has not imported transformers has nothing to patch.
 
-    The traced path never skips the mask, where eager, reading the positions, finds one
-    sequence per row and leaves causality to attention's ``is_causal`` (no mask, and grouped
-    query attention without repeating keys and values). With ``single_sequence`` (see
-    :func:`single_sequence_positions`) ``find_packed_sequence_indices`` runs its ops as eager
-    does and then answers as eager would; with ``no_padding`` (see
-    :func:`unpadded_attention_mask`) ``_ignore_causal_mask_sdpa`` reads the padding mask as
-    eager does (its ops run) and answers as for no padding mask.
-
     A tensor whose real value the capture knows (:mod:`remat.tracer.shadow`: ``position_ids``
-    made by ``arange`` inside ``forward``) is not reported as traced either, so a model's own
-    questions on it get eager's answers.
+    made by ``arange`` inside ``forward``; inside the functions of
+    :data:`~remat.tracer.shadow.BATCH_QUESTIONS`, also the caller's ``attention_mask`` and
+    ``position_ids`` and what is computed from them) is not reported as traced, so transformers
+    reads it as eager does and the traced step skips the causal mask where eager skips it
+    (attention's ``is_causal``, grouped query attention without repeated keys and values).
     """
     import sys
 
@@ -188,41 +153,31 @@ def transformers_sees_tracing(
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     def is_fake_tensor(x: Any) -> bool:
-        if known(x):  # a data-independent tensor: eager's answer is known (remat.tracer.shadow)
+        if known(x):  # eager's answer is known (remat.tracer.shadow)
             return False
         return isinstance(x, FunctionalTensor) or bool(original(x))
 
+    def reading_the_batch(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with batch_questions():
+                return fn(*args, **kwargs)
+
+        return run
+
     masking = sys.modules.get("transformers.masking_utils")
-    find = getattr(masking, "find_packed_sequence_indices", None)
-
-    def find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:
-        assert find is not None
-        packed = find(position_ids)
-        return None if single_sequence else packed
-
-    ignore = getattr(masking, "_ignore_causal_mask_sdpa", None)
-    fast_all = getattr(masking, "fast_all", None)
-
-    def ignore_causal_mask_sdpa(padding_mask: torch.Tensor | None, *args: Any, **kw: Any) -> bool:
-        assert ignore is not None and fast_all is not None
-        if padding_mask is not None:
-            fast_all(padding_mask)  # eager's read of the mask: no token is masked
-        return bool(ignore(None, *args, **kw))
-
-    patch_ignore = no_padding and ignore is not None and fast_all is not None
+    saved = {
+        name: fn for name in BATCH_QUESTIONS if (fn := getattr(masking, name, None)) is not None
+    }
     utils.is_fake_tensor = is_fake_tensor
-    if single_sequence and find is not None:
-        masking.find_packed_sequence_indices = find_packed_sequence_indices
-    if patch_ignore:
-        masking._ignore_causal_mask_sdpa = ignore_causal_mask_sdpa
+    for name, fn in saved.items():
+        setattr(masking, name, reading_the_batch(fn))
     try:
         yield
     finally:
         utils.is_fake_tensor = original
-        if single_sequence and find is not None:
-            masking.find_packed_sequence_indices = find
-        if patch_ignore:
-            masking._ignore_causal_mask_sdpa = ignore
+        for name, fn in saved.items():
+            setattr(masking, name, fn)
 
 
 def _grouped_mm_shape(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any) -> list[int]:
@@ -295,28 +250,28 @@ CAPTURE_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
-def capture_patches(
-    *, target: str = "cpu", single_sequence: bool | None = None, no_padding: bool = False
-) -> Iterator[None]:
-    """Every patch above, under :data:`CAPTURE_LOCK`, for one capture for ``target``
-    (``single_sequence``, ``no_padding``: see :func:`transformers_sees_tracing`)."""
+def capture_patches(*, target: str = "cpu") -> Iterator[None]:
+    """Every patch above, under :data:`CAPTURE_LOCK`, for one capture for ``target``."""
     with (
         CAPTURE_LOCK,
         eager_composites(keep_fused_dropout=target == "cuda"),
         no_fused_cpu_rnn(),
         allow_fake_constants(),
-        transformers_sees_tracing(single_sequence=single_sequence, no_padding=no_padding),
+        transformers_sees_tracing(),
         grouped_mm_any_dtype(),
     ):
         yield
 
 
 @contextlib.contextmanager
-def answering_as_eager() -> Iterator[Shadows]:
+def answering_as_eager(inputs: Any = None, real_inputs: Any = None) -> Iterator[Shadows]:
     """Data questions on data-independent fake tensors answered as eager answers them, and
     transformers told so (its ``is_tracing`` guard), for a step run on fake tensors; and
-    ``torch._grouped_mm``'s fake kernel in float32, as the CPU kernel runs it."""
+    ``torch._grouped_mm``'s fake kernel in float32, as the CPU kernel runs it. ``inputs`` (the
+    step's fake keyword arguments) and ``real_inputs`` (the caller's) seed the batch's masking
+    data as the capture does (:func:`remat.tracer.shadow.seed_batch`)."""
     shadows = Shadows()
+    seed_batch(shadows, inputs, real_inputs)
     with (
         CAPTURE_LOCK,
         transformers_sees_tracing(),

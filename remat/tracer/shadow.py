@@ -18,6 +18,15 @@ question on a tensor with a value (``bool``, ``item``, ``tolist``, ``int``, ``fl
 answered as eager answers it, so the captured graph is the eager step's. An in-place call that
 writes a tensor with a value from one without drops every value (aliases are not tracked).
 Only small tensors get values (at most :data:`MAX_NUMEL` elements).
+
+The batch's own data is the one exception, and a narrow one. transformers asks two questions
+of the caller's ``attention_mask`` and ``position_ids`` (does the mask mask any token? is each
+row one sequence?) and skips the causal mask when eager's answer allows it. The capture gives
+those two inputs their real values (:func:`seed_batch`), but answers questions on them, and on
+what is computed from them, only inside the masking functions of :data:`BATCH_QUESTIONS`
+(:func:`batch_questions`); everywhere else they stay traced, as any batch data does. The two
+answers are the call's :func:`batch_facts`, part of the signature a plan is cached under, so a
+batch that answers otherwise is planned apart.
 """
 
 from __future__ import annotations
@@ -74,6 +83,19 @@ _IN_PLACE_DUNDERS = {
 }
 
 _ACTIVE: ContextVar[Shadows | None] = ContextVar("remat_shadows", default=None)
+_BATCH_OPEN: ContextVar[bool] = ContextVar("remat_batch_questions", default=False)
+
+BATCH_INPUTS = ("attention_mask", "position_ids")
+"""Keyword inputs whose real data may answer transformers' masking questions."""
+
+BATCH_QUESTIONS = (
+    "find_packed_sequence_indices",
+    "_ignore_causal_mask_sdpa",
+    "_ignore_bidirectional_mask_sdpa",
+)
+"""The functions of ``transformers.masking_utils`` inside which the batch's data is read as
+eager reads it: each asks only what :func:`batch_facts` records (no padding; one sequence per
+row)."""
 
 
 def _name(func: Any) -> str:
@@ -104,11 +126,24 @@ class Shadows:
 
     def __init__(self) -> None:
         self.values: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.batch: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """The tensors of :attr:`values` that hold (or are computed from) the batch's data."""
         self.answered = 0
         """How many data questions were answered from real values (for tests and reports)."""
 
     def known(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t in self.values
+        """Whether ``t``'s real value answers questions here (batch data: only inside
+        :func:`batch_questions`)."""
+        return (
+            isinstance(t, torch.Tensor)
+            and t in self.values
+            and (t not in self.batch or _BATCH_OPEN.get())
+        )
+
+    def seed(self, t: torch.Tensor, real: torch.Tensor) -> None:
+        """Give the capture's ``t`` the batch's real data ``real`` (see :func:`seed_batch`)."""
+        self.values[t] = real
+        self.batch[t] = True
 
     def _real(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -122,7 +157,7 @@ class Shadows:
         """Run ``func`` as the capture does, and compute its real result where it has one."""
         name = _name(func)
         tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        if name in _QUESTIONS and tensors and tensors[0] in self.values:
+        if name in _QUESTIONS and tensors and self.known(tensors[0]):
             self.answered += 1
             return self._run_real(func, args, kwargs)
         versions = [(t, t._version) for t in tensors if t in self.values]
@@ -133,9 +168,10 @@ class Shadows:
             and any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(out))
         )
         if computable:
-            self._compute(func, args, kwargs, out)
+            self._compute(func, args, kwargs, out, any(t in self.batch for t in tensors))
         elif versions and (_writes(name, kwargs) or any(t._version != v for t, v in versions)):
             self.values = WeakIdKeyDictionary()  # a known tensor written from unknown data
+            self.batch = WeakIdKeyDictionary()
         return out
 
     def _run_real(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -146,7 +182,9 @@ class Shadows:
         with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
             return func(*real_args, **real_kwargs)
 
-    def _compute(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    def _compute(
+        self, func: Any, args: Any, kwargs: dict[str, Any], out: Any, from_batch: bool
+    ) -> None:
         outs = pytree.tree_leaves(out)
         if any(isinstance(o, torch.Tensor) and o.numel() > MAX_NUMEL for o in outs):
             return
@@ -166,6 +204,8 @@ class Shadows:
                 and o.dtype == r.dtype
             ):
                 self.values[o] = r
+                if from_batch:
+                    self.batch[o] = True
 
 
 class ShadowMode(TorchFunctionMode):
@@ -198,4 +238,70 @@ def known(t: Any) -> bool:
     return shadows is not None and shadows.known(t)
 
 
-__all__ = ["MAX_NUMEL", "ShadowMode", "Shadows", "known", "shadowing"]
+@contextlib.contextmanager
+def batch_questions() -> Iterator[None]:
+    """Questions on the batch's seeded data answered from it, for the duration (one of
+    :data:`BATCH_QUESTIONS` runs)."""
+    token = _BATCH_OPEN.set(True)
+    try:
+        yield
+    finally:
+        _BATCH_OPEN.reset(token)
+
+
+def _real_2d(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 2
+        and t.device.type != "meta"
+        and not is_fake(t)
+        and not isinstance(t, torch.nn.Parameter)
+    )
+
+
+def seed_batch(shadows: Shadows, inputs: Any, real_inputs: Any) -> None:
+    """Seed ``shadows`` with the real data of the :data:`BATCH_INPUTS` of a keyword call:
+    ``inputs`` the capture's (fake) keyword arguments, ``real_inputs`` the caller's."""
+    if not isinstance(inputs, dict) or not isinstance(real_inputs, dict):
+        return
+    for name in BATCH_INPUTS:
+        t, real = inputs.get(name), real_inputs.get(name)
+        # No op runs here: this is called inside the capture's modes.
+        if isinstance(t, torch.Tensor) and _real_2d(real) and _plain(real) and t is not real:
+            assert isinstance(real, torch.Tensor)
+            shadows.seed(t, real)
+
+
+def batch_facts(inputs: Any) -> tuple[bool, bool | None]:
+    """What eager transformers decides from a keyword call's batch data, as the capture does
+    (:data:`BATCH_QUESTIONS`): whether a real 2-D ``attention_mask`` masks no token, and
+    whether each row of the ``position_ids`` is one sequence (None: no real positions, or
+    transformers not imported). Part of the signature a plan is cached under."""
+    import sys
+
+    if not isinstance(inputs, dict):
+        return False, None
+    mask = inputs.get("attention_mask")
+    unpadded = _real_2d(mask) and bool(mask.bool().all())
+    masking = sys.modules.get("transformers.masking_utils")
+    pos = inputs.get("position_ids")
+    single: bool | None = None
+    if masking is not None and _real_2d(pos):
+        single = masking.find_packed_sequence_indices(pos) is None
+    return unpadded, single
+
+
+__all__ = [
+    "BATCH_INPUTS",
+    "BATCH_QUESTIONS",
+    "MAX_NUMEL",
+    "ShadowMode",
+    "Shadows",
+    "batch_facts",
+    "batch_questions",
+    "known",
+    "seed_batch",
+    "shadowing",
+]

@@ -104,3 +104,52 @@ def test_llama_takes_eagers_mask_path_and_gradients_are_exact(tiny_llama: Any) -
         if role == "grad":
             p = ref.get_parameter(n)
             assert p.grad is not None and torch.equal(o, p.grad), n
+
+
+class _ReadsItsMask(nn.Module):
+    """Reads the batch's ``attention_mask`` in its own forward, outside transformers' masking
+    questions: the batch's data answers nothing there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if attention_mask.bool().all():
+            return self.lin(x).sum()
+        return self.lin(x).pow(2).sum()
+
+
+def test_the_batch_mask_answers_only_transformers_masking_questions() -> None:
+    inputs = {"x": torch.randn(2, 4), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    with pytest.raises(TraceError, match="DataDependentOutput"):
+        capture(_ReadsItsMask(), inputs)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_bert_mask_as_eager_decides(padded: bool) -> None:
+    # BERT asks transformers' bidirectional question (`_ignore_bidirectional_mask_sdpa`) of its
+    # attention mask: with no token masked eager skips the mask; the capture answers alike, and
+    # the fake replay of the plain step (measure_fake) reads the same data.
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "zoo"))
+    import _zoo
+
+    from remat.executor import measure, measure_fake
+    from remat.ir import eager_plan, simulate
+
+    torch.manual_seed(0)
+    model, inputs, loss_fn = _zoo.ZOO["bert"]()
+    mask = torch.ones_like(inputs["input_ids"])
+    if padded:
+        mask[0, -3:] = 0
+    inputs = {**inputs, "attention_mask": mask}
+    graph = capture(model, inputs, loss_fn).graph
+    assert any(n.op == "aten.where.self" for n in graph.forward_nodes) == padded
+    plain = measure(model, inputs, loss_fn).peak_dynamic_bytes
+    assert measure_fake(model, inputs, loss_fn).peak_dynamic_bytes == plain
+    predicted = simulate(graph, eager_plan(graph)).peak_dynamic_bytes
+    assert plain <= predicted <= plain + 4, (plain, predicted)
