@@ -4,7 +4,8 @@ The drop-in for transformers' ``model.gradient_checkpointing_enable()``: nothing
 it is called. The model's first training call (``model.train()``, gradients on) is captured on
 fake tensors with the arguments it was given (whatever a trainer passes: ``labels``,
 ``attention_mask``, ``num_items_in_batch``), solved under the budget, and run by the op-level
-executor (:func:`remat.apply`); later calls with the same signature (shapes, dtypes, the other
+executor (:func:`remat.apply`), or with ``mode="checkpoint"`` as checkpoint regions around the
+model's own blocks (:mod:`remat.executor.checkpoint_calls`); later calls with the same signature (shapes, dtypes, the other
 arguments) reuse that plan, and a new signature (another sequence length) is planned once under
 the same budget and cached. The model keeps its type, its ``state_dict`` and its outputs (a
 model that returns its own loss in a ``ModelOutput`` returns one, with the loss); evaluation
@@ -42,6 +43,7 @@ def enable(
     time_limit_s: float | None = 30.0,
     loss_fn: Any = None,
     allow_over_budget: bool = False,
+    mode: str = "op",
     **solve_options: Any,
 ) -> nn.Module:
     """Plan ``model``'s training step under ``budget`` at its first training call, and run it.
@@ -65,6 +67,12 @@ def enable(
         Run the smallest plan found when none fits the budget; by default that signature's
         first call raises :class:`~remat.executor.ExecutorError` naming the smallest budget
         found.
+    mode
+        ``"op"`` (default): the op-level executor runs each plan (any plan, offloads
+        included). ``"checkpoint"``: plans of the checkpoint class (solved with
+        ``executor="checkpoint"``), run as ``torch.utils.checkpoint`` regions around the
+        model's own blocks (:mod:`remat.executor.checkpoint_calls`); the ``forward`` returns
+        the model's own output even with a ``loss_fn``.
 
     Returns
     -------
@@ -77,6 +85,10 @@ def enable(
     >>> Trainer(model=model, args=args, train_dataset=ds).train()  # doctest: +SKIP
     """
     name = type(model).__name__
+    if mode not in ("op", "checkpoint"):
+        raise ValueError(f"mode must be 'op' or 'checkpoint', got {mode!r}")
+    if mode == "checkpoint":
+        solve_options = {**solve_options, "executor": "checkpoint"}
 
     def replan(graph: Graph) -> SolveResult:
         result = solve(graph, budget, solver=solver, time_limit_s=time_limit_s, **solve_options)
@@ -90,11 +102,12 @@ def enable(
             )
         assert result.figures is not None
         log.info(
-            "remat: planned %s (%d nodes) with %s: predicted peak %s of %s budget, overhead "
+            "remat: planned %s (%d nodes) with %s%s: predicted peak %s of %s budget, overhead "
             "%+.1f%% (%s)",
             name,
             graph.num_nodes,
             result.solver,
+            " in checkpoint regions" if mode == "checkpoint" else "",
             format_bytes(result.figures.peak_bytes),
             format_bytes(result.budget_bytes),
             100 * (result.overhead or 0.0),
@@ -102,7 +115,7 @@ def enable(
         )
         return result
 
-    apply(model, None, loss_fn=loss_fn, replan=replan)
+    apply(model, None, loss_fn=loss_fn, replan=replan, mode=mode)
     planned = model.forward
     if "use_cache" in _parameters(model):
 

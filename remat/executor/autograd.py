@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from remat.executor.calls import describe, example, signature
 from remat.executor.codegen import CodeGen, ident
 from remat.executor.hostmem import HostMemory
 from remat.executor.opexec import (
@@ -176,48 +176,6 @@ class _PlanFunction(torch.autograd.Function):
         return (None, *grads)
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """What a plan depends on in a call: tensor shapes, dtypes, devices, the other arguments,
-    the autocast state, and the two facts of the batch's data that the capture reads as eager
-    transformers does (whether the ``attention_mask`` masks no token, whether each row of the
-    ``position_ids`` is one sequence): a batch with padding after one without is another step
-    (an explicit mask), and must not run the first one's plan."""
-    from remat.tracer.patches import single_sequence_positions, unpadded_attention_mask
-
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    parts: list[Any] = [str(spec)]
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            parts.append((tuple(x.shape), str(x.dtype), str(x.device), bool(x.requires_grad)))
-        else:
-            parts.append(repr(x))
-    parts.append(
-        ("autocast", torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")))
-    )
-    if kwargs and not args:
-        parts.append(("data", unpadded_attention_mask(kwargs), single_sequence_positions(kwargs)))
-    return tuple(parts)
-
-
-def _describe(sig: tuple[Any, ...]) -> str:
-    shapes = [
-        f"{tuple(p[0])}:{p[1].removeprefix('torch.')}"
-        for p in sig
-        if isinstance(p, tuple) and len(p) == 4
-    ]
-    return ", ".join(shapes) or "no tensors"
-
-
-def _example(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The call's arguments in the form the tracer takes (a tuple, or a dict of keywords)."""
-    if args and kwargs:
-        raise ExecutorError(
-            "remat.apply's model was called with positional and keyword arguments at once; the "
-            "tracer takes either a tuple of positional arguments or a dict of keyword arguments"
-        )
-    return dict(kwargs) if kwargs else tuple(args)
-
-
 @dataclass
 class _Applied:
     """What :func:`apply` attached to the model (``model._remat_applied``)."""
@@ -322,18 +280,18 @@ def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any) -> Any:
 def _planned(
     model: nn.Module, applied: _Applied, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> PlannedStep:
-    sig = _signature(args, kwargs)
+    sig = signature(args, kwargs)
     step = applied.steps.get(sig)
     if step is not None:
         return step
     from remat.tracer import capture
 
-    example = _example(args, kwargs)
+    inputs = example(args, kwargs)
     if applied.first is None and applied.result is not None:
         cap = applied.capture
         applied.capture = None
         if cap is None:
-            cap = _capturing(applied, capture, model, example, applied.loss_fn)
+            cap = _capturing(applied, capture, model, inputs, applied.loss_fn)
         plan = plan_to_run(applied.result)
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
@@ -343,7 +301,7 @@ def _planned(
     elif applied.replan is not None:
         from remat.tracer import trace_capture
 
-        cap = _capturing(applied, trace_capture, model, example, applied.loss_fn)
+        cap = _capturing(applied, trace_capture, model, inputs, applied.loss_fn)
         result = applied.replan(cap.graph)
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
@@ -352,7 +310,7 @@ def _planned(
         assert applied.first is not None
         raise ExecutorError(
             "remat.apply's plan was made for inputs "
-            f"[{_describe(applied.first)}]; this call has [{_describe(sig)}]. Trace and solve "
+            f"[{describe(applied.first)}]; this call has [{describe(sig)}]. Trace and solve "
             "for these inputs and apply that result, or pass replan= (e.g. "
             "replan=lambda graph: remat.solve(graph, '50%')) to plan each new shape once"
         )
@@ -399,7 +357,8 @@ def apply(
         The model the plan was solved for.
     result
         A solve result with a plan, or a :class:`~remat.ir.Plan`; None with ``replan``:
-        every input signature is then planned at its first call (``remat.enable``).
+        every input signature is then planned at its first call (``remat.enable``), in either
+        mode (checkpoint mode: :mod:`remat.executor.checkpoint_calls`).
     graph
         The graph the plan was solved on; when given, the captured step must equal it. By
         default the one the result was solved on (``result.graph``: ``remat.solve`` attaches
@@ -429,6 +388,10 @@ def apply(
         # checkpoint mode runs the model's own forward; the caller's loop computes the loss
         check_applicable(model, graph, loss_fn, loss=mode == "op")
     if mode == "checkpoint":
+        if result is None and replan is not None:
+            from remat.executor.checkpoint_calls import apply_checkpoint_per_call
+
+            return apply_checkpoint_per_call(model, replan, loss_fn=loss_fn)
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn
         )
@@ -455,7 +418,7 @@ def apply(
         if applied.capturing or not (model.training and torch.is_grad_enabled()):
             return unmodified(*args, **kwargs)
         step = _planned(model, applied, args, kwargs)
-        primals = step.capture.primals(model, _example(args, kwargs))
+        primals = step.capture.primals(model, example(args, kwargs))
         out = _PlanFunction.apply(step, *primals)
         around = step.capture.output or step.capture.returned
         return out if around is None else around.rebuild(out)

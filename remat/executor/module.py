@@ -446,8 +446,17 @@ def apply_checkpoint(
         graph = capture(model, example_inputs, loss_fn).graph
     if getattr(model, "_remat_applied", None) is not None:
         remove(model)
+    mplan = regions_plan(graph, checked_plan(graph, plan))
+    model._remat_applied = _Applied(mplan, install(model, mplan))  # type: ignore[assignment]
+    return model
+
+
+def checked_plan(graph: Graph, result: SolveResult | Plan) -> Plan:
+    """``result``'s plan, refused unless it is a valid plan of ``graph`` in the checkpoint
+    class (the message says how to solve for that class or run it op by op)."""
     from remat.ir import checkpoint_class
 
+    plan = plan_to_run(result)
     try:
         simulate(graph, plan)
     except InvalidPlanError as exc:
@@ -459,31 +468,58 @@ def apply_checkpoint(
             f"{why}. Solve for it with remat.solve(graph, budget, executor='checkpoint'), or "
             "run this plan with remat.apply(model, result) (op-level, any plan)"
         )
+    return plan
+
+
+def regions_plan(graph: Graph, plan: Plan) -> ModulePlan:
+    """The checkpoint regions that run ``plan`` (of the checkpoint class: :func:`checked_plan`)."""
+    from remat.ir import checkpoint_class
+
     regions = []
     for r in checkpoint_class.regions_of(graph, plan):
         keep = checkpoint_class.cached(graph, r)
         regions.append(Region(r.path, r.nodes, keep, frozenset(r.nodes) - keep))
-    mplan = ModulePlan(regions, frozenset(), graph)
+    return ModulePlan(regions, frozenset(), graph)
+
+
+def install(model: nn.Module, mplan: ModulePlan) -> dict[str, Any]:
+    """Wrap each region's block ``forward`` in its checkpoint; the blocks' own ``forward``
+    attributes before (None: the class's), for :func:`uninstall`."""
     originals: dict[str, Any] = {}
     for region in mplan.regions:
         try:
             mod = model.get_submodule(region.path)
         except AttributeError as exc:
+            uninstall(model, originals)
             raise ExecutorError(
                 f"the plan's block {region.path!r} is not a submodule of this model: was the "
                 f"graph traced from it? ({exc})"
             ) from exc
         originals[region.path] = mod.__dict__.get("forward")
         fwd = _cloning_inputs(mod.forward) if getattr(mod, "inplace", False) else mod.forward
-        mod.forward = _checkpointed(fwd, _policy_for(graph, region), list(mod.buffers()))
-    model._remat_applied = _Applied(mplan, originals)  # type: ignore[assignment]
-    return model
+        mod.forward = _checkpointed(fwd, _policy_for(mplan.graph, region), list(mod.buffers()))
+    return originals
+
+
+def uninstall(model: nn.Module, originals: dict[str, Any]) -> None:
+    """Undo :func:`install`."""
+    for path, original in originals.items():
+        mod = model.get_submodule(path) if path else model
+        if original is None:
+            mod.__dict__.pop("forward", None)
+        else:
+            mod.forward = original
 
 
 def remove(model: nn.Module) -> nn.Module:
     """Undo ``remat.apply`` (either mode): the model's modules run their own ``forward`` again."""
     applied = getattr(model, "_remat_applied", None)
     if applied is None:
+        return model
+    undo = getattr(applied, "undo", None)
+    if undo is not None:  # per-call checkpoint plans (remat.executor.checkpoint_calls)
+        undo(model)
+        del model._remat_applied
         return model
     if not isinstance(applied, _Applied):  # remat.apply's op-level mode
         original = applied.original_forward
@@ -493,12 +529,7 @@ def remove(model: nn.Module) -> nn.Module:
             model.forward = original
         del model._remat_applied
         return model
-    for path, original in applied.originals.items():
-        mod = model.get_submodule(path) if path else model
-        if original is None:
-            mod.__dict__.pop("forward", None)
-        else:
-            mod.forward = original
+    uninstall(model, applied.originals)
     del model._remat_applied
     return model
 
@@ -506,7 +537,8 @@ def remove(model: nn.Module) -> nn.Module:
 def applied_plan(model: nn.Module) -> ModulePlan | None:
     """The module-level plan applied to ``model``, if any."""
     applied = getattr(model, "_remat_applied", None)
-    return applied.plan if isinstance(applied, _Applied) else None
+    plan = getattr(applied, "plan", None)
+    return plan if isinstance(plan, ModulePlan) else None
 
 
 __all__ = [
@@ -515,6 +547,10 @@ __all__ = [
     "Region",
     "applied_plan",
     "apply_checkpoint",
+    "checked_plan",
+    "install",
     "module_plan",
+    "regions_plan",
     "remove",
+    "uninstall",
 ]

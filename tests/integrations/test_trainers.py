@@ -91,14 +91,16 @@ def _train(model: Any, out: Path, **args: Any) -> tuple[list[float], Any]:
     return log.losses, trainer
 
 
-@pytest.mark.parametrize("accumulation", [1, 2])
+@pytest.mark.parametrize(("accumulation", "mode"), [(1, "op"), (2, "op"), (1, "checkpoint")])
 def test_trainer_trains_the_enabled_model_as_the_plain_one(
-    tmp_path: Path, accumulation: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, accumulation: int, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     plain = tiny_gpt2()
     planned = copy.deepcopy(plain)
     with caplog.at_level(logging.INFO, logger="remat"):
-        remat.enable(planned, budget="50%", time_limit_s=5)
+        # the checkpoint class reaches about 55% on this model, op-level plans lower
+        budget = "50%" if mode == "op" else "70%"
+        remat.enable(planned, budget=budget, time_limit_s=5, mode=mode)
         assert type(planned) is type(plain) and not caplog.records  # nothing traced yet
         ref, _ = _train(plain, tmp_path / "plain", gradient_accumulation_steps=accumulation)
         got, trainer = _train(planned, tmp_path / "remat", gradient_accumulation_steps=accumulation)
@@ -108,8 +110,15 @@ def test_trainer_trains_the_enabled_model_as_the_plain_one(
     planned_lines = [r.getMessage() for r in caplog.records if "remat: planned" in r.getMessage()]
     assert len(planned_lines) == 1 and "GPT2LMHeadModel" in planned_lines[0]  # once
     assert "predicted peak" in planned_lines[0] and "overhead" in planned_lines[0]
-    steps = remat.executor.planned_steps(planned)
-    assert len(steps) == 1 and steps[0].simulation.recompute_time_s > 0  # it does recompute
+    if mode == "op":
+        steps = remat.executor.planned_steps(planned)
+        assert len(steps) == 1 and steps[0].simulation.recompute_time_s > 0  # it recomputes
+    else:
+        from remat.executor.checkpoint_calls import per_call_results
+
+        (result,) = per_call_results(planned)
+        assert "checkpoint regions" in planned_lines[0]
+        assert result.figures is not None and result.figures.recompute_time_s > 0
     # evaluation runs the unmodified forward (loss and logits), predictions too
     metrics = trainer.evaluate()
     assert "eval_loss" in metrics
@@ -253,3 +262,48 @@ def test_a_padded_batch_is_planned_apart_from_an_unpadded_one() -> None:
         want = plain(input_ids=ids, attention_mask=mask, labels=ids).loss
         assert torch.equal(got, want)
     assert len(remat.executor.planned_steps(planned)) == 2
+
+
+def test_enable_in_checkpoint_mode_with_the_configs_cache_default_on(tiny_llama: Any) -> None:
+    """mode="checkpoint": each signature planned once for the checkpoint class and run as
+    torch.utils.checkpoint regions around the model's own blocks; the model's own output,
+    the plain model's gradients, the measured peak as predicted; disable restores every
+    block."""
+    from remat.executor import measure
+    from remat.executor.checkpoint_calls import per_call_results
+    from remat.executor.module import applied_plan
+    from remat.ir import simulate
+
+    plain = tiny_llama
+    assert plain.config.use_cache
+    planned = copy.deepcopy(plain).train()
+    own = {path for path, m in planned.named_modules() if "forward" in m.__dict__}
+    # one layer: the checkpoint class recomputes at 90%, not much lower
+    remat.enable(planned, budget="90%", time_limit_s=5, mode="checkpoint")
+    for seq in (16, 8):
+        ids = torch.randint(0, 64, (2, seq), generator=torch.Generator().manual_seed(seq))
+        # labels in their own storage, as a collator gives them (the graph counts each input
+        # as its own storage: labels=ids itself is predicted 256 B above the measured peak)
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        for model in (plain, planned):
+            model.zero_grad(set_to_none=True)
+        out = planned(**batch)
+        assert type(out).__name__ == "CausalLMOutputWithPast"
+        out.loss.backward()
+        plain(**batch, use_cache=False).loss.backward()
+        for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), n
+        regions = applied_plan(planned)
+        assert regions is not None and regions.regions  # it recomputes
+        result = per_call_results(planned)[-1]
+        assert result.plan is not None and result.graph is not None
+        predicted = simulate(result.graph, result.plan).peak_dynamic_bytes
+        planned.zero_grad(set_to_none=True)
+        measured = measure(planned, batch, lambda o: o.loss).peak_dynamic_bytes
+        assert measured == predicted
+    assert len(per_call_results(planned)) == 2
+    with torch.no_grad():
+        planned.eval()(**batch)  # evaluation runs no region
+    assert applied_plan(planned) is None
+    remat.disable(planned)
+    assert {path for path, m in planned.named_modules() if "forward" in m.__dict__} == own

@@ -1,0 +1,119 @@
+"""Checkpoint mode planned per call: ``remat.apply(model, None, mode="checkpoint", replan=...)``.
+
+What :func:`remat.enable` runs with ``mode="checkpoint"``. The model's first training call of
+each signature (:func:`remat.executor.calls.signature`: shapes, dtypes, the other arguments,
+the batch's masking facts) is captured on fake tensors with the model's own modules, planned
+by ``replan`` for the checkpoint class, and run: the blocks the plan recomputes get their
+checkpoint regions (:func:`remat.executor.module.install`), and the model's own ``forward``
+runs, so its output is the model's own (a transformers ``ModelOutput`` with its loss). A call
+of another signature swaps the regions for that signature's plan; evaluation and ``no_grad``
+calls run the model with no region at all.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+
+from remat.executor.calls import example, signature
+from remat.executor.module import ModulePlan, checked_plan, install, regions_plan, remove, uninstall
+from remat.ir import Graph, SolveResult
+
+Replan = Callable[[Graph], SolveResult]
+
+
+@dataclass
+class _PerCall:
+    """What :func:`apply_checkpoint_per_call` attached to the model (``model._remat_applied``)."""
+
+    replan: Replan
+    loss_fn: Any
+    original_forward: Any
+    plans: dict[tuple[Any, ...], ModulePlan] = field(default_factory=dict)
+    results: dict[tuple[Any, ...], SolveResult] = field(default_factory=dict)
+    """Each signature's solve result (its figures: what the regions are predicted to do)."""
+    installed: tuple[Any, ...] | None = None
+    originals: dict[str, Any] = field(default_factory=dict)
+    capturing: bool = False
+
+    @property
+    def plan(self) -> ModulePlan | None:
+        """The regions installed now (the last training call's signature)."""
+        return None if self.installed is None else self.plans[self.installed]
+
+    def take_off(self, model: nn.Module) -> None:
+        uninstall(model, self.originals)
+        self.originals, self.installed = {}, None
+
+    def undo(self, model: nn.Module) -> None:
+        """Called by :func:`remat.executor.remove`: regions off, the model's ``forward`` back."""
+        self.take_off(model)
+        if self.original_forward is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = self.original_forward
+
+    def planned(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        sig = signature(args, kwargs)
+        if sig not in self.plans:
+            from remat.tracer import trace_capture
+
+            self.take_off(model)
+            self.capturing = True
+            try:
+                with _disable_current_modes():  # a caller's memory tracker sees no fake tensor
+                    cap = trace_capture(model, example(args, kwargs), self.loss_fn)
+            finally:
+                self.capturing = False
+            graph = cap.graph
+            result = self.replan(graph)
+            self.plans[sig] = regions_plan(graph, checked_plan(graph, result))
+            self.results[sig] = result
+        return sig
+
+
+def apply_checkpoint_per_call(
+    model: nn.Module, replan: Replan, *, loss_fn: Any = None
+) -> nn.Module:
+    """Run ``model``'s training calls in checkpoint regions planned per call signature by
+    ``replan(graph) -> result`` (a plan of the checkpoint class: solve with
+    ``executor="checkpoint"``). ``loss_fn``: the loss the capture traces (None: the model's own
+    loss, or its output); the model's ``forward`` still returns its own output. Returns
+    ``model``; :func:`remat.executor.remove` undoes it."""
+    if getattr(model, "_remat_applied", None) is not None:
+        remove(model)
+    unmodified = model.forward
+    state = _PerCall(replan, loss_fn, model.__dict__.get("forward"))
+
+    @functools.wraps(unmodified)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if state.capturing:
+            return unmodified(*args, **kwargs)
+        if not (model.training and torch.is_grad_enabled()):
+            state.take_off(model)
+            return unmodified(*args, **kwargs)
+        sig = state.planned(model, args, kwargs)
+        if state.installed != sig:
+            state.take_off(model)
+            state.originals, state.installed = install(model, state.plans[sig]), sig
+        return unmodified(*args, **kwargs)
+
+    model.forward = forward
+    model._remat_applied = state  # type: ignore[assignment]
+    return model
+
+
+def per_call_results(model: nn.Module) -> list[SolveResult]:
+    """The solve results of a model given to :func:`apply_checkpoint_per_call`, one per
+    signature planned so far (empty for any other model)."""
+    applied = getattr(model, "_remat_applied", None)
+    return list(applied.results.values()) if isinstance(applied, _PerCall) else []
+
+
+__all__ = ["apply_checkpoint_per_call", "per_call_results"]
