@@ -72,3 +72,42 @@ def test_zoo_apply_is_exact(name: str, frac: float, mode: str) -> None:
         assert case.measured.peak_dynamic_bytes == predicted
     if case.result.fits:
         assert case.measured.peak_bytes <= budget
+
+
+OFFLOAD_MODELS = ["gpt2", "llama", "bert"]
+
+
+@pytest.mark.parametrize("name", OFFLOAD_MODELS)
+def test_zoo_offload_plans_are_exact(name: str) -> None:
+    # At 30% with a host link (emulated: this CPU's profile has none, host and device memory
+    # being one), auto offloads by default; the op-level executor runs the plan with device
+    # bytes as predicted, host bytes as planned, gradients bit-exact.
+    import remat
+    from remat.executor import verify
+    from remat.ir import DeviceProfile, HostLink, Plan
+
+    model, inputs, loss_fn, cap, _ = _setup(name)
+    assert cap.graph.device is None  # priced by FLOPs alone, no device, no host link
+    rate = 1e12  # bytes/s each way: faster than this CPU's compute, so offloading pays
+    link = HostLink(
+        device_to_host_bytes_per_s=rate, host_to_device_bytes_per_s=rate, host_memory_bytes=1 << 34
+    )
+    device = DeviceProfile(
+        name="cpu-emulated-link",
+        peak_flops_per_s={"float32": 1e11},
+        memory_bandwidth_bytes_per_s=1e10,
+        host_bandwidth_bytes_per_s=rate,
+        host_link=link,
+    )
+    graph = cap.graph.model_copy(update={"device": device})
+    result = remat.solve(graph, resolve_budget(graph, 0.3), time_limit_s=SOLVE_TIME_LIMIT_S)
+    assert "offloading on" in result.message, result.message
+    assert isinstance(result.plan, Plan)
+    assert any(s.op == "offload" for s in result.plan.steps), result.message
+    report = verify(model, inputs, loss_fn, result, capture=cap, repeats=0)
+    assert report.grads_bitwise_equal
+    assert report.measured_dynamic_bytes == report.predicted_dynamic_bytes
+    assert report.measured_host_bytes == report.predicted_host_bytes > 0
+    if result.fits:
+        assert report.measured_peak_bytes <= result.budget_bytes
+
