@@ -138,7 +138,8 @@ def test_bert_mask_as_eager_decides(padded: bool) -> None:
     sys.path.insert(0, str(Path(__file__).parents[1] / "zoo"))
     import _zoo
 
-    from remat.executor import measure, measure_fake
+    from remat.executor import measure
+    from remat.executor.measure import measure_fake
     from remat.ir import eager_plan, simulate
 
     torch.manual_seed(0)
