@@ -5,11 +5,12 @@ it is called. The model's first training call (``model.train()``, gradients on) 
 fake tensors with the arguments it was given (whatever a trainer passes: ``labels``,
 ``attention_mask``, ``num_items_in_batch``), solved under the budget, and run by the op-level
 executor (:func:`remat.apply`), or with ``mode="checkpoint"`` as checkpoint regions around the
-model's own blocks (:mod:`remat.executor.checkpoint_calls`); later calls with the same signature (shapes, dtypes, the other
-arguments) reuse that plan, and a new signature (another sequence length) is planned once under
-the same budget and cached. The model keeps its type, its ``state_dict`` and its outputs (a
-model that returns its own loss in a ``ModelOutput`` returns one, with the loss); evaluation
-and ``no_grad`` calls run the unmodified forward. :func:`disable` restores the model.
+model's own blocks (:mod:`remat.executor.checkpoint_calls`); later calls with the same
+signature (shapes, dtypes, the other arguments) reuse that plan, and a new signature (another
+sequence length) is planned once under the same budget and cached. The model keeps its type,
+its ``state_dict`` and its outputs (a model that returns its own loss in a ``ModelOutput``
+returns one, with the loss); evaluation and ``no_grad`` calls run the unmodified forward.
+:func:`disable` restores the model.
 
 As transformers' own checkpointing does, a training call of a model whose ``forward`` takes
 ``use_cache`` runs with ``use_cache=False`` unless the caller passes it: a key/value cache
