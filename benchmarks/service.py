@@ -13,7 +13,8 @@ at a budget no one used) that it polls until done. A prober asks ``/healthz`` ev
 meanwhile. Printed per set-up and client count: requests/s, p50/p99 latency, ``/healthz`` p99,
 errors (non-2xx answers, failed jobs and transport failures, each kind listed) and deferrals (a
 429 or 503 with ``Retry-After``, sent again after the wait as ``remat.Client`` does: backpressure,
-not failure).
+not failure), and resends (a connection that dropped before its answer, sent again with the same
+``Idempotency-Key`` as ``remat.Client`` does, so the service makes one job of it).
 
 Then the hostile cases of issue 14 against the SQLite server, each with its answer and time: a
 16 MiB body of 10^6 nodes, four of them at once (with ``/healthz``'s worst latency meanwhile),
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,10 @@ from remat.ir import synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "api"))
+
+
+# A connection that dropped with no answer (as remat.Client resends them).
+DROPPED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 def _free_port() -> int:
@@ -88,9 +94,24 @@ async def _clients(
     urls: list[str], gid: str, budget0: int, n: int, rounds: int, first: int
 ) -> dict[str, Any]:
     lat: list[float] = []
-    errors = deferred = 0
+    errors = deferred = resent = 0
     kinds: dict[str, int] = {}  # what each error was: a status, a job's end, a transport error
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+
+    async def post(h: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
+        """A POST as remat.Client sends it: with its own Idempotency-Key, sent again (the same
+        key) when the connection drops before the answer."""
+        nonlocal resent
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        for attempt in range(6):
+            try:
+                return await h.post(url, json=body, headers=headers)
+            except DROPPED:
+                if attempt == 5:
+                    raise
+                resent += 1
+                await asyncio.sleep(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
 
     async def one(i: int, h: httpx.AsyncClient) -> None:
         nonlocal errors, deferred
@@ -107,12 +128,12 @@ async def _clients(
                 t = time.perf_counter()
                 kind = ""
                 try:
-                    resp = await h.post(url + path, json=body)
+                    resp = await post(h, url + path, body)
                     while resp.status_code in (429, 503) and "retry-after" in resp.headers:
                         # backpressure, as remat.Client takes it: wait, send again
                         deferred += 1
                         await asyncio.sleep(float(resp.headers["retry-after"]))
-                        resp = await h.post(url + path, json=body)
+                        resp = await post(h, url + path, body)
                     ok = resp.status_code in (200, 202)
                     if not ok:
                         kind = f"{path} {resp.status_code}: {resp.text[:120]}"
@@ -139,7 +160,7 @@ async def _clients(
 
     async with httpx.AsyncClient(timeout=600, limits=limits) as h:
         await asyncio.gather(*(one(i, h) for i in range(n)))
-    return {"lat": lat, "errors": errors, "deferred": deferred, "kinds": kinds}
+    return {"lat": lat, "errors": errors, "deferred": deferred, "resent": resent, "kinds": kinds}
 
 
 def _client_proc(args: tuple[list[str], str, int, int, int, int]) -> dict[str, Any]:
@@ -192,6 +213,7 @@ def _load(
         "health_p99": _pct(health, 0.99),
         "errors": sum(p["errors"] for p in parts),
         "deferred": sum(p["deferred"] for p in parts),
+        "resent": sum(p["resent"] for p in parts),
         "kinds": _sum_counts(p["kinds"] for p in parts),
     }
 
@@ -397,13 +419,13 @@ def main() -> None:
     )
     print(
         f"{'set-up':<34} {'clients':>7} {'n':>6} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'healthz p99':>11} {'errors':>6} {'deferred':>8}"
+        f"{'healthz p99':>11} {'errors':>6} {'deferred':>8} {'resent':>6}"
     )
     for name, n, r in table:
         print(
             f"{name:<34} {n:>7} {r['n']:>6} {r['rps']:>7.1f} {r['p50'] * 1e3:>8.0f} "
             f"{r['p99'] * 1e3:>8.0f} {r['health_p99'] * 1e3:>9.0f}ms {r['errors']:>6} "
-            f"{r['deferred']:>8}"
+            f"{r['deferred']:>8} {r['resent']:>6}"
         )
         for kind, count in sorted(r["kinds"].items(), key=lambda kv: -kv[1]):
             print(f"    {count:>5} x {kind}")

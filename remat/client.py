@@ -12,6 +12,7 @@ Needs ``httpx`` (the ``service`` extra), not torch or FastAPI.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -71,6 +72,15 @@ def _retry_after(r: httpx.Response) -> float | None:
         return None
 
 
+# A connection that dropped with no answer: the request may be sent again (see Client).
+_DROPPED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def _once() -> dict[str, str]:
+    """Headers of one request that may make a job: its own ``Idempotency-Key``."""
+    return {"Idempotency-Key": uuid.uuid4().hex}
+
+
 def _graph_fields(graph: GraphLike) -> dict[str, Any]:
     if isinstance(graph, str):
         return {"graph_id": graph}
@@ -96,6 +106,11 @@ class Client:
         (busy, or its store unavailable) with ``Retry-After`` is backpressure, not failure (the
         service did no work for it), so the client waits as long as the header says (at most
         ``max_wait_s`` each time) and tries again; after that the :class:`ServiceError`.
+        A connection that dropped before the answer came (refused, reset, closed) is tried
+        again as often, after 0.1, 0.2, 0.4 ... s: reads are safe to repeat, graphs are stored
+        by content, and every request that may make a job carries an ``Idempotency-Key``, so
+        the service answers a repeat with the job the first one made. A cancel is not
+        repeated, nor a request that timed out (the service may still be working on it).
     sleep
         How the client waits between tries (tests pass a recorder).
     """
@@ -129,10 +144,17 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _call(self, method: str, path: str, *, resend: bool = True, **kw: Any) -> httpx.Response:
         for attempt in range(self.max_retries + 1):
             try:
                 r = self._http.request(method, path, **kw)
+            except _DROPPED as exc:
+                if not resend or attempt == self.max_retries:
+                    raise ServiceUnreachable(
+                        f"no answer from the service at {self._http.base_url}: {exc}"
+                    ) from exc
+                self._sleep(min(0.1 * 2**attempt, self.max_wait_s))
+                continue
             except httpx.TransportError as exc:
                 raise ServiceUnreachable(
                     f"no answer from the service at {self._http.base_url}: {exc}"
@@ -197,7 +219,7 @@ class Client:
         """``POST /v1/solve``: the full response (with ``cached``), or the job of a long solve
         when ``wait`` is false."""
         body = self._solve_body(graph, budget, solver, time_limit_s, options)
-        r = self._call("POST", "/v1/solve", json=body)
+        r = self._call("POST", "/v1/solve", json=body, headers=_once())
         if r.status_code == 202:
             job = JobResponse.model_validate(r.json())
             if not wait:
@@ -237,7 +259,8 @@ class Client:
     ) -> JobResponse:
         """``POST /v1/jobs``: run a solve in the background."""
         body = self._solve_body(graph, budget, solver, time_limit_s, options)
-        return JobResponse.model_validate(self._call("POST", "/v1/jobs", json=body).json())
+        r = self._call("POST", "/v1/jobs", json=body, headers=_once())
+        return JobResponse.model_validate(r.json())
 
     def job(self, job_id: str) -> JobResponse:
         return JobResponse.model_validate(self._call("GET", f"/v1/jobs/{job_id}").json())
@@ -247,7 +270,8 @@ class Client:
         return [JobResponse.model_validate(j) for j in data["jobs"]]
 
     def cancel(self, job_id: str) -> JobResponse:
-        return JobResponse.model_validate(self._call("DELETE", f"/v1/jobs/{job_id}").json())
+        r = self._call("DELETE", f"/v1/jobs/{job_id}", resend=False)
+        return JobResponse.model_validate(r.json())
 
     def wait(
         self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5
@@ -293,7 +317,7 @@ class Client:
             body["time_limit_s"] = time_limit_s
         if options:
             body["options"] = dict(options)
-        r = self._call("POST", "/v1/frontier", json=body)
+        r = self._call("POST", "/v1/frontier", json=body, headers=_once())
         if r.status_code == 202:
             out = self.wait(JobResponse.model_validate(r.json()).id, poll_s=poll_s)
             assert isinstance(out, FrontierResult)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from remat.api.service import Service
 
@@ -15,6 +15,21 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description=(
+            "A key the client makes for one request (a UUID): sent again with the same "
+            "request, it answers with the job the first one made, never a second job, so a "
+            "request whose answer was lost can be sent again safely"
+        ),
+    ),
+]
 
 # Error answers documented on the routes (the bodies follow remat.api.errors).
 ERRORS: dict[int | str, dict[str, str]] = {

@@ -232,16 +232,19 @@ class Service:
     async def cached(self, key: str) -> str | None:
         return await self.call(self.store.cached, key)
 
-    async def answer(self, owner: str, p: Prepared, *, as_job: bool) -> Response:
+    async def answer(
+        self, owner: str, p: Prepared, *, as_job: bool, idempotency_key: str | None = None
+    ) -> Response:
         """The one way a prepared request is answered: from the store when the same request
         was solved before (``cached: true``); as a job (202 with ``Location``) when ``as_job``
-        or when its time limit is above ``sync_time_limit_s``; otherwise solved now."""
+        or when its time limit is above ``sync_time_limit_s``; otherwise solved now.
+        ``idempotency_key``: see :meth:`submit`."""
         if not as_job:
             hit = await self.cached(p.key)
             if hit is not None:
                 return wrap(p.graph_id, p.key, True, hit)
         if as_job or p.time_limit_s > self.settings.sync_time_limit_s:
-            rec = await self.submit(owner, p)
+            rec = await self.submit(owner, p, idempotency_key)
             response = job_json(rec)
             response.status_code = 202
             response.headers["Location"] = f"/v1/jobs/{rec.id}"
@@ -284,14 +287,28 @@ class Service:
         if out.get("cacheable"):
             await self.call(self.store.put_cached, key, out["ok"])
 
-    async def submit(self, owner: str, p: Prepared) -> JobRecord:
-        """Accept a job (written before it is answered); 429 when the queue is full."""
+    async def submit(
+        self, owner: str, p: Prepared, idempotency_key: str | None = None
+    ) -> JobRecord:
+        """Accept a job (written before it is answered); 429 when the queue is full.
+
+        With an ``idempotency_key`` (the ``Idempotency-Key`` header) the job's id is derived
+        from it and the owner, so the same request sent again (a client whose connection
+        dropped before the answer came) gets the job the first one made, never a second; the
+        key sent with another request is refused (422)."""
         now = time.time()
         key = p.key
+        job_id = (
+            uuid.uuid4().hex if idempotency_key is None else keyed_job_id(owner, idempotency_key)
+        )
+        if idempotency_key is not None:
+            old = await self.call(self.store.job, job_id, owner)
+            if old is not None:
+                return _same_request(old, key, idempotency_key)
         stored = {k: v for k, v in p.task.items() if k != "graph"}  # the store has the graph
         stored["deadline_s"] = p.time_limit_s
         rec = JobRecord(
-            id=uuid.uuid4().hex,
+            id=job_id,
             owner=owner,
             kind=p.kind,
             status="queued",
@@ -306,10 +323,11 @@ class Service:
             rec = dataclasses.replace(
                 rec, status="done", result=hit, message="answered from the store"
             )
-            await self.call(self.store.create_job, rec)
-            return rec
+            return await self._create(rec, key, idempotency_key)
         await self._check_queue(0)
-        await self.call(self.store.create_job, rec)
+        created = await self._create(rec, key, idempotency_key)
+        if created is not rec:
+            return created  # the same request, sent again while the first was answered
         try:
             await self.queue.enqueue(rec.id)
         except StoreUnavailable:
@@ -318,6 +336,16 @@ class Service:
                 await self.call(self._fail_unqueued, rec.id)
             raise
         return rec
+
+    async def _create(self, rec: JobRecord, key: str, idempotency_key: str | None) -> JobRecord:
+        """Write ``rec``; when its keyed id exists already (the same request, racing), the job
+        stored under it."""
+        if await self.call(self.store.create_job, rec):
+            return rec
+        old = await self.call(self.store.job, rec.id, rec.owner)
+        if old is None or idempotency_key is None:
+            raise ApiError(500, f"job id {rec.id!r} exists already")
+        return _same_request(old, key, idempotency_key)
 
     def _fail_unqueued(self, job_id: str) -> None:
         self.store.update_job(
@@ -372,6 +400,22 @@ def _job_head(rec: JobRecord) -> dict[str, Any]:
         "message": rec.message,
         "error": rec.error,
     }
+
+
+def keyed_job_id(owner: str, idempotency_key: str) -> str:
+    """The id of the job an owner's ``Idempotency-Key`` names (32 hex digits, as a random
+    job id)."""
+    return hashlib.sha256(f"{owner}\0{idempotency_key}".encode()).hexdigest()[:32]
+
+
+def _same_request(old: JobRecord, key: str, idempotency_key: str) -> JobRecord:
+    if old.request_key != key:
+        raise field_error(
+            ["header", "Idempotency-Key"],
+            f"Idempotency-Key {idempotency_key!r} was sent with another request (job "
+            f"{old.id}); send a new key with each new request",
+        )
+    return old
 
 
 def job_json(rec: JobRecord) -> Response:

@@ -84,7 +84,10 @@ class Store(Protocol):
 
     def put_cached(self, request_key: str, result_json: str) -> None: ...
 
-    def create_job(self, job: JobRecord) -> None: ...
+    def create_job(self, job: JobRecord) -> bool:
+        """Write a new job; False when a job with its id exists (nothing changes): a request
+        sent again with its ``Idempotency-Key`` names the job it made the first time."""
+        ...
 
     def job(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The job, or None; with ``owner`` given, only that owner's job."""
@@ -197,11 +200,12 @@ class MemoryStore:
         with self._lock:
             self._cache[request_key] = result_json
 
-    def create_job(self, job: JobRecord) -> None:
+    def create_job(self, job: JobRecord) -> bool:
         with self._lock:
             if job.id in self._jobs:
-                raise ValueError(f"job {job.id!r} exists")
+                return False
             self._jobs[job.id] = job
+            return True
 
     def job(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         with self._lock:

@@ -100,7 +100,7 @@ _PUT_CACHED = (
     "INSERT INTO {results} VALUES (?, ?, ?) ON CONFLICT (request_key) "
     "DO UPDATE SET result = excluded.result, created_at = excluded.created_at"
 )
-_CREATE_JOB = "INSERT INTO {jobs} ({cols}) VALUES ({marks})"
+_CREATE_JOB = "INSERT INTO {jobs} ({cols}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING"
 _SELECT_JOBS = "SELECT {cols} FROM {jobs} {where}"
 _UPDATE_JOB = "UPDATE {jobs} SET {sets}updated_at=? WHERE id=?"
 _ONLY_IF = " AND status IN ({marks})"
@@ -204,9 +204,9 @@ class SQLStore(abc.ABC):
     def put_cached(self, request_key: str, result_json: str) -> None:
         self._rowcount(_PUT_CACHED, (request_key, result_json, time.time()))
 
-    def create_job(self, job: JobRecord) -> None:
+    def create_job(self, job: JobRecord) -> bool:
         args = tuple(getattr(job, f) for f in JOB_FIELDS)
-        self._rowcount(_CREATE_JOB, args, marks=marks(len(JOB_FIELDS)))
+        return self._rowcount(_CREATE_JOB, args, marks=marks(len(JOB_FIELDS))) == 1
 
     def job(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         if owner is None:

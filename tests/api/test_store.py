@@ -190,3 +190,12 @@ def test_no_import_circle_among_the_store_modules() -> None:
 
     assert [m for m in graph if reaches(m, m)] == [], graph
     assert not any("store_factory" in deps for deps in graph.values()), graph
+
+
+def test_a_job_id_is_written_once(store: Store) -> None:
+    # A request sent again with its Idempotency-Key derives the same job id: the second
+    # write changes nothing and says so.
+    assert store.create_job(_job("j", at=1.0)) is True
+    assert store.create_job(_job("j", at=2.0, status="running")) is False
+    j = store.job("j")
+    assert j is not None and j.status == "queued" and j.created_at == 1.0

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Response
 
 from remat.api.auth import Owner
 from remat.api.body import Parsed, documented, parsed
-from remat.api.deps import ERRORS, ServiceDep
+from remat.api.deps import ERRORS, IdempotencyKey, ServiceDep
 from remat.api.schemas import FrontierRequest, FrontierResponse, JobResponse
 
 router = APIRouter(prefix="/v1", tags=["frontier"], responses=ERRORS)
@@ -27,10 +27,11 @@ async def frontier(
     body: Annotated[Parsed, Depends(parsed("frontier"))],
     owner: Owner,
     service: ServiceDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Solve at each budget (default: 100% down to 10% of the no-remat peak) and return the
     simulator's peak and time for each. ``time_limit_s`` is per budget; when the total exceeds
     ``sync_time_limit_s`` the answer is 202 with a job."""
     assert isinstance(body.request, FrontierRequest)
     prepared = await service.prepare_frontier(owner, body.request, body.graph)
-    return await service.answer(owner, prepared, as_job=False)
+    return await service.answer(owner, prepared, as_job=False, idempotency_key=idempotency_key)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 
 from remat.api.auth import Owner
 from remat.api.body import Parsed, documented, parsed
-from remat.api.deps import ERRORS, ServiceDep
+from remat.api.deps import ERRORS, IdempotencyKey, ServiceDep
 from remat.api.schemas import JobList, JobResponse, SolveRequest
 from remat.api.service import job_json, job_response
 
@@ -30,11 +30,12 @@ async def create_job(
     body: Annotated[Parsed, Depends(parsed("solve"))],
     owner: Owner,
     service: ServiceDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Accept a solve as a job whatever its time limit; poll ``GET /v1/jobs/{id}``."""
     assert isinstance(body.request, SolveRequest)
     prepared = await service.prepare_solve(owner, body.request, body.graph)
-    return await service.answer(owner, prepared, as_job=True)
+    return await service.answer(owner, prepared, as_job=True, idempotency_key=idempotency_key)
 
 
 @router.get("", response_model=JobList)

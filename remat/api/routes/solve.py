@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Response
 
 from remat.api.auth import Owner
 from remat.api.body import Parsed, documented, parsed
-from remat.api.deps import ERRORS, ServiceDep
+from remat.api.deps import ERRORS, IdempotencyKey, ServiceDep
 from remat.api.schemas import JobResponse, SolveRequest, SolveResponse
 
 router = APIRouter(prefix="/v1", tags=["solve"], responses=ERRORS)
@@ -27,9 +27,10 @@ async def solve(
     body: Annotated[Parsed, Depends(parsed("solve"))],
     owner: Owner,
     service: ServiceDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Solve a graph (inline or by id) at a budget. Identical requests are answered from the
     store (``cached: true``). A time limit above ``sync_time_limit_s`` answers 202 with a job."""
     assert isinstance(body.request, SolveRequest)
     prepared = await service.prepare_solve(owner, body.request, body.graph)
-    return await service.answer(owner, prepared, as_job=False)
+    return await service.answer(owner, prepared, as_job=False, idempotency_key=idempotency_key)
