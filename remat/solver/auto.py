@@ -29,7 +29,7 @@
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
-without ``milp``'s optional restrictions, i.e. graphs of up to 12 nodes by default) when it
+without ``milp``'s optional restrictions, i.e. graphs of up to 32 nodes by default) when it
 lies below the plan found, and never less than the eager time; ``gap`` is measured against it.
 ``optimal`` therefore means: the eager plan fits, or the plan meets a bound proven over the
 whole schedule class. With offloading the recompute-only bounds only stop the recompute-only

@@ -67,6 +67,9 @@ from remat.solver.deadline import Deadline, Expired
 LP_BOUND_MAX_NODES = 64
 """Above this many nodes :func:`lp_bound` does not build the exact model (it grows as n^2)."""
 
+MULTICUT_ALL_CUTS_NODES = 64
+"""Up to this many nodes :func:`best_bound` places the multi-cut MIP at every node."""
+
 MULTICUT_MAX_NODES = 1000
 """Above this many nodes :func:`best_bound` skips :func:`multicut_bound` (its LP took 1-3 s on
 759 nodes and 11 s on 2,002, and raised no bound of those sizes by more than 0.2 points)."""
@@ -363,6 +366,7 @@ def multicut_bound(
     *,
     max_cuts: int = 24,
     deadline: Deadline | None = None,
+    integer: bool = False,
 ) -> LowerBound | None:
     """The closure relaxation at several cuts at once, paying each node's extra run once.
 
@@ -374,8 +378,11 @@ def multicut_bound(
     where different cuts are short of room for different values: a value dropped to make
     room at an early cut and another at a late one are both paid for, where the best single
     cut pays for one. The cuts are the forward/backward cut and those where the plain
-    knapsack (:func:`cut_bound`) is largest. Its LP relaxation; None when the LP did not
-    finish before ``deadline``.
+    knapsack (:func:`cut_bound`) is largest. Its LP relaxation, or with ``integer`` the MIP's
+    proven (dual) bound within ``deadline``: every variable is 0/1 in a real schedule, and
+    the integral knapsacks at the cuts lift the bound far above the LP's (a 21-node random
+    DAG at 70%: +17.4% against the LP's +7.8%, the optimum +18.2%). None when nothing was
+    proven before ``deadline``.
     """
     n = graph.num_nodes
     if n == 0:
@@ -421,13 +428,16 @@ def multicut_bound(
     left = None if deadline is None else deadline.left_s()
     if left is not None and left <= 0.05:
         return None
-    sol = m.solve(relax=True, time_limit_s=left)
+    if integer:
+        m.integer = [True] * m.num_cols  # every column is a 0/1 decision of a real schedule
+    sol = m.solve(relax=not integer, time_limit_s=left)
     if sol.status == "infeasible":
         return LowerBound("multicut", math.inf, "the cuts' rows are infeasible")
     if sol.bound is None or not math.isfinite(sol.bound):
         return None
     extra = max(0.0, sol.bound) * scale_t * (1 - 1e-6)
-    return LowerBound("multicut", base + extra, f"LP over {len(cuts)} cuts")
+    kind = "MIP bound" if integer else "LP"
+    return LowerBound("multicut", base + extra, f"{kind} over {len(cuts)} cuts")
 
 
 def lp_bound(
@@ -486,12 +496,36 @@ def best_bound(
         closure = closure_bounds(graph, budget_bytes, deadline=deadline)
         if closure is not None:
             bounds.append(closure)
-        if graph.num_nodes <= MULTICUT_MAX_NODES:
-            multi = multicut_bound(graph, budget_bytes, deadline=deadline)
-            if multi is not None:
-                bounds.append(multi)
+        bounds.extend(_mip_bounds(graph, budget_bytes, deadline))
         if lp:
             b = lp_bound(graph, budget_bytes, deadline=deadline)
             if b is not None:
                 bounds.append(b)
     return max(bounds, key=lambda b: b.time_s)
+
+
+def _mip_bounds(graph: Graph, budget_bytes: int, deadline: Deadline | None) -> list[LowerBound]:
+    """The integral relaxations :func:`best_bound` adds: the stage relaxation
+    (:mod:`remat.solver.bounds_stage`, small graphs) and the multi-cut MIP at every cut
+    (graphs of up to :data:`MULTICUT_ALL_CUTS_NODES` nodes) or at the default ones, each on
+    half the time left; the multi-cut LP where the MIP proved nothing in time."""
+    from remat.solver.bounds_stage import stage_bound
+
+    out: list[LowerBound] = []
+    n = graph.num_nodes
+    half = None if deadline is None else deadline.share(0.5)
+    stage = stage_bound(graph, budget_bytes, deadline=half)
+    if stage is not None:
+        out.append(stage)
+        if stage.proves_infeasible:
+            return out
+    if n > MULTICUT_MAX_NODES:
+        return out
+    cuts = n if n <= MULTICUT_ALL_CUTS_NODES else 24
+    half = None if deadline is None else deadline.share(0.5)
+    multi = multicut_bound(graph, budget_bytes, max_cuts=cuts, deadline=half, integer=True)
+    if multi is None:
+        multi = multicut_bound(graph, budget_bytes, max_cuts=cuts, deadline=deadline)
+    if multi is not None:
+        out.append(multi)
+    return out

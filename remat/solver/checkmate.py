@@ -40,7 +40,7 @@ Ref = tuple[int, float]
 ZERO: Ref = (-1, 0.0)
 ONE: Ref = (-1, 1.0)
 
-SMALL_GRAPH_NODES = 12
+SMALL_GRAPH_NODES = 32
 """Up to this many nodes the model is exact over the whole class (no optional restriction)."""
 
 

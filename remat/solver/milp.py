@@ -29,7 +29,7 @@ Standard reductions keep the model small and lose no optimal schedule of this cl
   ``v``; a recomputation is only allowed when one of its outputs is read later in the stage or
   kept; a value is only kept into a stage that reads it or keeps it further.
 
-On graphs over 12 nodes, further restrictions shrink the model at the price of exactness over
+On graphs over 32 nodes, further restrictions shrink the model at the price of exactness over
 the whole class (the optimum and the bound are then those of the restricted class):
 
 * ``recompute_backward`` off: backward nodes run once;
@@ -66,6 +66,8 @@ from remat.ir import Graph, InvalidPlanError, Plan, keep_plan
 from remat.ir.result import Progress, SolveResult, speed_key
 from remat.solver._mip import Backend, MipSolution
 from remat.solver.base import SolverOptions, register
+from remat.solver.bounds import best_bound
+from remat.solver.bounds_stage import STAGE_MAX_NODES
 from remat.solver.checkmate import SMALL_GRAPH_NODES, CheckmateModel
 from remat.solver.checkmate_plans import replay, start_from_plan
 from remat.solver.deadline import Deadline, Expired, judging_s
@@ -88,6 +90,9 @@ def fallback_plans(problem: Problem) -> list[Plan]:
 
 
 DEFAULT_TIME_LIMIT_S = 60.0
+
+RELAXATION_SHARE = 0.1
+"""Share of milp's time for the relaxation's bound (graphs up to ``STAGE_MAX_NODES``)."""
 
 
 @dataclass
@@ -123,10 +128,14 @@ def run_is_exact(
     return rb and rf and small and window_ladder(graph, window) == [None]
 
 
-def window_ladder(graph: Graph, window: WindowSpec) -> list[int | None]:
+def window_ladder(
+    graph: Graph, window: WindowSpec, *, restricted: bool = False
+) -> list[int | None]:
     """The recompute windows to try in turn: a fixed one, or (``"auto"``) 0, 2 and 8 blocks
-    and then any block for graphs over 12 nodes, widening only when a window is infeasible."""
-    if window == "all" or (window == "auto" and graph.num_nodes <= SMALL_GRAPH_NODES):
+    and then any block for graphs over 32 nodes (or ``restricted``), widening only when a
+    window is infeasible."""
+    small = graph.num_nodes <= SMALL_GRAPH_NODES and not restricted
+    if window == "all" or (window == "auto" and small):
         return [None]
     if window == "auto":
         return [0, 2, 8, None]
@@ -150,6 +159,8 @@ def run_checkmate(
     hints: list[Plan] | None = None,
     on_incumbent: Callable[[float, float | None], None] | None = None,
     rel_gap: float = 1e-6,
+    known_bound_s: float | None = None,
+    restricted: bool = False,
 ) -> CheckmateRun:
     """Build and solve the model (``hints``: plans to start the MIP from, the first one in the
     model's class is used); ``solution`` is None when the budget is below the peak that
@@ -161,15 +172,21 @@ def run_checkmate(
     model and the MIP start check it, HiGHS gets the time left and polls it. When it passes
     before any model is solved, :class:`~remat.solver.deadline.Expired` is raised.
     ``on_incumbent(time_s, bound_s)`` hears of each improving MILP solution (seconds).
+    ``known_bound_s``: a lower bound proven otherwise (:func:`remat.solver.bounds.best_bound`);
+    HiGHS stops once its incumbent is within ``rel_gap`` of it. ``restricted``: the defaults
+    of graphs over :data:`SMALL_GRAPH_NODES` nodes (lazy, windowed, backward nodes once) at
+    any size, for a quick incumbent.
 
     When ``recompute_backward`` is left to its default and that default (off, on graphs over
-    12 nodes) is proven infeasible at every window, the ladder is run again with backward
+    32 nodes) is proven infeasible at every window, the ladder is run again with backward
     recomputation on."""
     dl = deadline if deadline is not None else Deadline.after(time_limit_s)
-    rb = graph.num_nodes <= SMALL_GRAPH_NODES if recompute_backward is None else recompute_backward
+    small = graph.num_nodes <= SMALL_GRAPH_NODES and not restricted
+    rb = small if recompute_backward is None else recompute_backward
+    rf = small if recompute_in_forward is None else recompute_in_forward
     run = _run_ladder(
-        graph, budget_bytes, dl, rb, recompute_in_forward, window, hints, relax,
-        backend, threads, on_incumbent, rel_gap,
+        graph, budget_bytes, dl, rb, rf, window, hints, relax,
+        backend, threads, on_incumbent, rel_gap, known_bound_s, restricted,
     )  # fmt: skip
     if (
         recompute_backward is None
@@ -184,8 +201,8 @@ def run_checkmate(
         # backward nodes).
         try:
             wide = _run_ladder(
-                graph, budget_bytes, dl, True, recompute_in_forward, window, hints, relax,
-                backend, threads, on_incumbent, rel_gap,
+                graph, budget_bytes, dl, True, rf, window, hints, relax,
+                backend, threads, on_incumbent, rel_gap, known_bound_s, restricted,
             )  # fmt: skip
         except Expired:
             return run
@@ -199,7 +216,7 @@ def _run_ladder(
     budget_bytes: int,
     dl: Deadline,
     rb: bool,
-    recompute_in_forward: bool | None,
+    rf: bool,
     window: WindowSpec,
     hints: list[Plan] | None,
     relax: bool,
@@ -207,10 +224,13 @@ def _run_ladder(
     threads: int | None,
     on_incumbent: Callable[[float, float | None], None] | None,
     rel_gap: float,
+    known_bound_s: float | None = None,
+    restricted: bool = False,
 ) -> CheckmateRun:
     """:func:`run_checkmate` for one ``recompute_backward`` setting: the window ladder."""
     run: CheckmateRun | None = None
-    ladder = window_ladder(graph, window)
+    ladder = window_ladder(graph, window, restricted=restricted)
+    lazy = restricted or graph.num_nodes > SMALL_GRAPH_NODES
     index = MilpIndex.of(graph, recompute_backward=rb)
     for w in ladder:
         for margin in (0.0, 1e-6):
@@ -221,8 +241,9 @@ def _run_ladder(
                     graph,
                     budget_bytes,
                     recompute_backward=rb,
-                    recompute_in_forward=recompute_in_forward,
+                    recompute_in_forward=rf,
                     margin=margin,
+                    lazy=lazy,
                     window=w,
                     index=index,
                     deadline=dl,
@@ -242,12 +263,19 @@ def _run_ladder(
             except Expired:
                 start = None  # no time to translate a start: HiGHS finds its own
             unit = cm.time_unit_s
-            report = None
-            if on_incumbent is not None:
+            best_s = [math.inf]  # the incumbent's time, for the stop rule below
 
-                def report(obj: float, bound: float | None, unit: float = unit) -> None:
-                    assert on_incumbent is not None
+            def report(
+                obj: float, bound: float | None, unit: float = unit, best_s: list[float] = best_s
+            ) -> None:
+                best_s[0] = min(best_s[0], obj * unit)
+                if on_incumbent is not None:
                     on_incumbent(obj * unit, None if bound is None else bound * unit)
+
+            def stop(best_s: list[float] = best_s) -> bool:
+                # an incumbent that meets a bound proven outside the MILP is optimal too
+                met = known_bound_s is not None and best_s[0] <= known_bound_s * (1 + rel_gap)
+                return met or (dl.at is not None and dl.expired())
 
             left = dl.left_s()
             sol = cm.model.solve(
@@ -257,7 +285,7 @@ def _run_ladder(
                 threads=threads,
                 start=start,
                 on_incumbent=report,
-                stop=None if dl.at is None else dl.expired,
+                stop=None if dl.at is None and known_bound_s is None else stop,
                 rel_gap=rel_gap,
             )
             bound = None if sol.bound is None else sol.bound * cm.time_unit_s
@@ -277,15 +305,49 @@ def _run_ladder(
     return run
 
 
+QUICK_NODES = 12
+"""Up to this many nodes the exact model finds its first plan quickly; above, ``milp`` runs the
+restricted ladder first for one (:func:`_quick_incumbent`)."""
+
+QUICK_SHARE = 0.3
+"""Share of the time left for :func:`_quick_incumbent`."""
+
+
+def _quick_incumbent(
+    problem: Problem,
+    deadline: Deadline,
+    hints: list[Plan],
+    known_s: float | None,
+    backend: Backend,
+    threads: int | None,
+) -> Plan | None:
+    """A plan from the restricted ladder (lazy, windowed) on :data:`QUICK_SHARE` of the time,
+    or None when it finds none in time."""
+    try:
+        run = run_checkmate(
+            problem.graph,
+            problem.budget_bytes,
+            deadline=deadline.share(QUICK_SHARE),
+            backend=backend,
+            threads=threads,
+            hints=hints,
+            known_bound_s=known_s,
+            restricted=True,
+        )
+    except Expired:
+        return None
+    return run.plan
+
+
 class MilpOptions(SolverOptions):
     """Options of ``milp`` (``start_plans`` is a Python keyword, not an option)."""
 
     backend: Backend = Field("highs", description="'highs' (highspy) or 'cbc' (pulp).")
     recompute_backward: bool | None = Field(
-        None, description="May backward nodes run again (default: graphs up to 12 nodes)."
+        None, description="May backward nodes run again (default: graphs up to 32 nodes)."
     )
     recompute_in_forward: bool | None = Field(
-        None, description="May forward stages recompute (default: graphs up to 12 nodes)."
+        None, description="May forward stages recompute (default: graphs up to 32 nodes)."
     )
     window: Window = Field("auto", description="Blocks a stage may recompute ('auto', 'all', n).")
     threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="MILP solver threads.")
@@ -326,7 +388,7 @@ def solve_milp(
     backend
         ``"highs"`` (HiGHS through highspy) or ``"cbc"`` (CBC through pulp).
     recompute_backward
-        Whether backward nodes may run again (default: only for graphs up to 12 nodes).
+        Whether backward nodes may run again (default: only for graphs up to 32 nodes).
     recompute_in_forward
         Whether stages of forward nodes may recompute (default: only for graphs up to 12
         nodes).
@@ -334,7 +396,7 @@ def solve_milp(
         Which nodes a stage may recompute: those of the blocks (``remat.ir.block_key``) whose
         values the stage's node reads and of ``window`` blocks before them; ``"all"`` for any
         node; ``"auto"`` (default) tries 0, 2, 8 blocks, then all, widening only when the
-        MILP proves a window infeasible (graphs up to 12 nodes: all).
+        MILP proves a window infeasible (graphs up to 32 nodes: all).
     threads
         Threads for the MILP solver.
     gap_tolerance
@@ -349,12 +411,17 @@ def solve_milp(
     -----
     The plan returned is the MILP's incumbent or one of milp's own fallback plans (eager,
     keep nothing, keep the blocks' inputs), never another solver's plan; the message says
-    which. ``status="optimal"`` only when the MILP solver proved optimality; the optimum is over
-    schedules that first compute nodes in graph order, as every remat schedule does, and only
-    when none of the optional restrictions above is on; ``lower_bound_s`` (the MILP's dual
-    bound) likewise only then. With restrictions on (graphs over 12 nodes by default) the
-    result is ``feasible``, and its message gives the restricted class's optimum status and
-    bound. See the module docstring for the formulation.
+    which. ``lower_bound_s`` is the best of two proven bounds: the stage relaxation's
+    (:func:`remat.solver.bounds.best_bound`, on graphs of up to 64 nodes, computed first on a
+    tenth of the time; it holds over every recompute-only schedule whose first runs follow
+    graph order, recomputations in any order) and, when none of the optional restrictions
+    above is on (graphs of up to 32 nodes by default), HiGHS's dual bound (over Checkmate's
+    class: first runs in graph order, each stage's recomputations in graph order, each node
+    at most once per stage). ``status="optimal"`` when HiGHS proved optimality in the exact
+    class or the plan meets the relaxation's bound (HiGHS is stopped once its incumbent does);
+    otherwise ``feasible``. With restrictions on, the message gives the restricted class's own
+    optimum status and bound, which hold for that class only and are never claimed. See the
+    module docstring for the formulation.
 
     References
     ----------
@@ -377,11 +444,28 @@ def solve_milp(
             lower_bound_s=0.0,
         )
     fb = problem.best_of(fallback_plans(problem), solver="milp", started=t0)
-    hints: list[Plan] = []
-    if graph.num_nodes > SMALL_GRAPH_NODES:
-        hints = list(start_plans or []) + ([fb.plan] if fb.fits and fb.plan is not None else [])
+    hints = list(start_plans or []) + ([fb.plan] if fb.fits and fb.plan is not None else [])
     base = problem.baseline_time_s
     exact_class = run_is_exact(graph, recompute_backward, recompute_in_forward, window)
+    # a bound over every recompute-only schedule, proven apart from the MILP (cheap on the
+    # graphs the stage relaxation takes): it stops HiGHS once met and backs the answer's
+    # bound, the restricted class's runs included
+    relaxed = (
+        best_bound(graph, budget_bytes, deadline=deadline.share(RELAXATION_SHARE), lp=False)
+        if graph.num_nodes <= STAGE_MAX_NODES
+        else None
+    )
+    if relaxed is not None and relaxed.proves_infeasible:
+        fits = fb.fits and fb.plan is not None
+        if not fits:
+            return problem.no_plan(
+                solver="milp",
+                started=t0,
+                min_budget_bytes=fb.min_budget_bytes,
+                message=f"no schedule fits the budget ({relaxed.method} relaxation: "
+                f"{relaxed.detail})",
+            )
+    known_s = None if relaxed is None or relaxed.proves_infeasible else relaxed.time_s
 
     def incumbent(time_s: float, bound_s: float | None) -> None:
         if problem.on_progress is None:
@@ -400,6 +484,28 @@ def solve_milp(
             )
         )
 
+    quick = None
+    if exact_class and graph.num_nodes > QUICK_NODES:
+        # the exact model is slow to find a first plan (a 29-node DAG at 60%: none in 20 s):
+        # the restricted ladder first, on a share of the time; its plan lies in the exact
+        # class and seeds it, and where it meets the relaxation's bound it is the answer
+        quick = _quick_incumbent(problem, deadline, hints, known_s, backend, threads)
+        if quick is not None:
+            hints = [quick, *hints]
+    if (
+        quick is not None
+        and known_s is not None
+        and problem.simulate(quick).total_time_s <= known_s * (1 + 1e-6)
+    ):
+        return problem.result(
+            quick,
+            solver="milp",
+            started=t0,
+            status="optimal",
+            lower_bound_s=known_s,
+            message="the restricted MILP's plan meets the relaxation's bound "
+            f"({relaxed.method if relaxed else ''}): optimal over every schedule",
+        )
     try:
         run = run_checkmate(
             graph,
@@ -414,6 +520,7 @@ def solve_milp(
             hints=hints,
             on_incumbent=incumbent,
             rel_gap=max(1e-6, gap_tolerance),
+            known_bound_s=known_s,
         )
     except Expired:
         if fb.fits:
@@ -456,29 +563,46 @@ def solve_milp(
             message=f"{why} ({budget_bytes} bytes)",
         )
     info = f"{run.model.model.num_integer} binaries, {run.model.model.num_rows} rows"
+    if known_s is not None:
+        info += f"; {relaxed.method if relaxed else ''} relaxation bound {known_s:.6g} s"
     fb_time = fb.total_time_s if fb.fits else None
     exact = run.model.exact
     if not exact:
         # Restrictions are on: the solver's optimum and bound hold for the restricted class
-        # only, which other plans can beat. Say so, and claim neither.
+        # only, which other plans can beat. Say so, and claim neither (the relaxation's bound,
+        # proven over every schedule, still holds).
         how = "proven optimal" if sol.status == "optimal" else "best found"
         cls_bound = "-" if run.bound_s is None else f"{run.bound_s:.6g} s"
         info += f"; {how} within the restricted class (class bound {cls_bound}), not overall"
+
+    def bound_of(time_s: float, in_class: bool) -> float | None:
+        """The best bound for a plan of ``time_s``: the relaxation's (every schedule) and,
+        for the MILP's own plan of the exact class, its dual bound; capped at the plan."""
+        got = [b for b in (known_s, run.bound_s if exact and in_class else None) if b is not None]
+        return min(max(got), time_s) if got else None
+
     if run.plan is not None:
         res = problem.result(
             run.plan,
             solver="milp",
             started=t0,
-            status="optimal" if sol.status == "optimal" and exact else "feasible",
-            lower_bound_s=run.bound_s if exact else None,
+            status="feasible",
             message=f"{info}; {sol.message}" if sol.message else info,
         )
-        if res.status == "optimal" and gap_tolerance > 1e-6:
-            # HiGHS says "optimal" within the gap asked for: claim it only when the plan meets
-            # the bound itself.
-            t = res.total_time_s or 0.0
-            if run.bound_s is None or t > run.bound_s * (1 + 1e-6):
-                res = res.model_copy(update={"status": "feasible"})
+        t = res.total_time_s or 0.0
+        lb = bound_of(t, True)
+        proven = sol.status == "optimal" and exact and gap_tolerance <= 1e-6
+        # HiGHS says "optimal" within the gap asked for: claim it only when the plan meets
+        # a bound itself (the dual bound or the relaxation's)
+        met = lb is not None and t <= lb * (1 + 1e-6)
+        if res.status != "infeasible":  # the simulator's verdict stands
+            res = res.model_copy(
+                update={
+                    "status": "optimal" if proven or met else "feasible",
+                    "lower_bound_s": lb,
+                    "gap": None if lb is None or lb <= 0 else max(0.0, t / lb - 1),
+                }
+            )
         if fb_time is None or speed_key(res)[0] <= fb_time:
             return res
     # No incumbent in time, or a fallback plan (outside the model's class) is faster.
@@ -490,14 +614,17 @@ def solve_milp(
             status="timeout",
             message=f"the MILP found no schedule within the time limit ({info})",
         )
-    bound = run.bound_s if exact else None
-    if bound is not None and bound > fb_time * (1 + 1e-9):
-        bound = None  # the bound holds for the model's class only; this plan lies outside it
+    bound = known_s
+    if exact and run.bound_s is not None and run.bound_s <= fb_time * (1 + 1e-9):
+        # the dual bound holds for the model's class only; a plan outside it may beat it
+        bound = run.bound_s if bound is None else max(bound, run.bound_s)
+    if bound is not None:
+        bound = min(bound, fb_time)
     return problem.result(
         fb.plan,
         solver="milp",
         started=t0,
-        status="feasible",
+        status="optimal" if bound is not None and fb_time <= bound * (1 + 1e-6) else "feasible",
         lower_bound_s=bound,
         message=f"a fallback plan beats the MILP's incumbent ({info})",
     )

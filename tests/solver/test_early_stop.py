@@ -54,18 +54,24 @@ def test_an_easy_graph_stops_after_the_first_close_plan(ran) -> None:
     assert "stopped early" in r.message
 
 
-def test_zero_tolerance_runs_every_method(ran) -> None:
+def test_zero_tolerance_stops_only_on_a_plan_that_meets_the_bound(ran) -> None:
     g = cheap_forward(chain(10))
     r = get("auto")(g, resolve_budget(g, 0.6), time_limit_s=30, gap_tolerance=0.0)
-    assert r.fits
-    assert ran[:2] == ["none", "checkpoint-all"] and "milp" in ran
-    assert "stopped early" not in r.message
+    assert r.fits and r.gap is not None
+    # past checkpoint-all (within 1% of its bound, not at it); the stage relaxation's bound is
+    # met by a later plan, proven optimal, or every method runs up to the MILP
+    assert ran[:3] == ["none", "checkpoint-all", "dtr"]
+    if "stopped early" in r.message:
+        assert r.gap == 0.0 and r.status == "optimal"
+    else:
+        assert "milp" in ran
 
 
 def test_an_open_gap_goes_on_to_the_milp(ran) -> None:
     g = chain(10)  # recomputation costs as much as the forward: 1% is out of reach of eager
-    # recompute only: over the A100 profile's host link, offloading comes within 1% of eager
-    r = get("auto")(g, resolve_budget(g, 0.4), time_limit_s=5, offload=False)
+    # recompute only: over the A100 profile's host link, offloading comes within 1% of eager;
+    # at 30% (at 40% dtr's plan is within 0.1% of the stage relaxation's bound)
+    r = get("auto")(g, resolve_budget(g, 0.3), time_limit_s=5, offload=False)
     assert r.fits and r.gap is not None and r.gap > 0.01
     assert "stopped early" not in r.message
     assert ran[:8] == [

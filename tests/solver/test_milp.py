@@ -8,6 +8,7 @@ from handmade import chain_step, diamond, residual_step
 from remat.ir import Graph, eager_plan, simulate
 from remat.ir.synthetic import chain, transformer, unet
 from remat.solver import get
+from remat.solver.checkmate import SMALL_GRAPH_NODES
 from remat.solver.checkmate_plans import replay
 from remat.solver.milp import CheckmateModel, run_checkmate, window_ladder
 
@@ -74,7 +75,10 @@ def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
     # Where the ladder finds nothing in time today, 5 s is as good as 20 (and a plan found in
     # them is checked in full).
     known_slow = NO_SOLUTION.get((frac, ids_of[make])) == "none in time"
-    run = run_checkmate(g, budget, time_limit_s=5 if known_slow else 20)
+    # the exact class (up to 32 nodes) proves chain4 at 60% slowly; its claims hold for the
+    # incumbent it has after 5 s as well
+    exact = g.num_nodes <= SMALL_GRAPH_NODES
+    run = run_checkmate(g, budget, time_limit_s=5 if known_slow or exact else 20)
     if run.solution is None or run.solution.values is None:
         why = NO_SOLUTION.get((frac, ids_of[make]))
         assert why is not None, f"no MILP solution for {ids_of[make]} at {frac}: {run.solution}"
