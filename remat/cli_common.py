@@ -205,7 +205,7 @@ def _units(text: str, graph: Graph) -> tuple[str, ...]:
         depth = pat.count(".")
         hits = sorted(
             (m for m in modules if m.count(".") == depth and fnmatch.fnmatchcase(m, pat)),
-            key=lambda m: [int(x) if x.isdigit() else x for x in m.split(".")],  # type: ignore[misc]
+            key=lambda m: [int(x) if x.isdigit() else x for x in m.split(".")],
         )
         if not hits:
             raise BadInput(f"--fsdp-units: {pat!r} matches no module of the graph")
