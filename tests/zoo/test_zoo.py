@@ -110,4 +110,3 @@ def test_zoo_offload_plans_are_exact(name: str) -> None:
     assert report.measured_host_bytes == report.predicted_host_bytes > 0
     if result.fits:
         assert report.measured_peak_bytes <= result.budget_bytes
-
