@@ -63,6 +63,8 @@ import numpy as np
 from remat.ir import Graph
 from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline, Expired
+from remat.solver.lower_bound import LowerBound as LowerBound
+from remat.solver.lower_bound import eager_bound as eager_bound
 
 LP_BOUND_MAX_NODES = 64
 """Above this many nodes :func:`lp_bound` does not build the exact model (it grows as n^2)."""
@@ -73,25 +75,6 @@ MULTICUT_ALL_CUTS_NODES = 64
 MULTICUT_MAX_NODES = 1000
 """Above this many nodes :func:`best_bound` skips :func:`multicut_bound` (its LP took 1-3 s on
 759 nodes and 11 s on 2,002, and raised no bound of those sizes by more than 0.2 points)."""
-
-
-@dataclass(frozen=True)
-class LowerBound:
-    """A lower bound ``time_s`` on the total time of any plan of the class within the budget
-    (``math.inf``: no plan fits); ``method`` names how it was proven."""
-
-    method: str
-    time_s: float
-    detail: str = ""
-
-    @property
-    def proves_infeasible(self) -> bool:
-        return math.isinf(self.time_s)
-
-
-def eager_bound(graph: Graph) -> LowerBound:
-    """Every node runs at least once."""
-    return LowerBound("eager", sum(n.time_s for n in graph.nodes), "every node runs once")
 
 
 @dataclass(frozen=True)

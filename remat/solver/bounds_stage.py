@@ -44,8 +44,8 @@ import math
 
 from remat.ir import Graph
 from remat.solver._mip import SparseModel
-from remat.solver.bounds import LowerBound, eager_bound
 from remat.solver.deadline import Deadline
+from remat.solver.lower_bound import LowerBound, eager_bound
 
 STAGE_MAX_NODES = 64
 """Above this many nodes :func:`stage_bound` is not built (its rows grow as n^2 values)."""
