@@ -48,16 +48,10 @@ class _PerCall:
         return None if self.installed is None else self.plans[self.installed]
 
     def take_off(self, model: nn.Module) -> None:
+        """The installed regions off (also what :func:`remat.executor.remove` calls before it
+        puts :attr:`original_forward` back)."""
         uninstall(model, self.originals)
         self.originals, self.installed = {}, None
-
-    def undo(self, model: nn.Module) -> None:
-        """Called by :func:`remat.executor.remove`: regions off, the model's ``forward`` back."""
-        self.take_off(model)
-        if self.original_forward is None:
-            model.__dict__.pop("forward", None)
-        else:
-            model.forward = self.original_forward
 
     def planned(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sig = signature(args, kwargs)

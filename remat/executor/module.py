@@ -516,12 +516,10 @@ def remove(model: nn.Module) -> nn.Module:
     applied = getattr(model, "_remat_applied", None)
     if applied is None:
         return model
-    undo = getattr(applied, "undo", None)
-    if undo is not None:  # per-call checkpoint plans (remat.executor.checkpoint_calls)
-        undo(model)
-        del model._remat_applied
-        return model
-    if not isinstance(applied, _Applied):  # remat.apply's op-level mode
+    take_off = getattr(applied, "take_off", None)
+    if take_off is not None:  # per-call checkpoint regions (remat.executor.checkpoint_calls)
+        take_off(model)
+    if not isinstance(applied, _Applied):  # a replaced model forward (op level, or per call)
         original = applied.original_forward
         if original is None:
             model.__dict__.pop("forward", None)

@@ -65,6 +65,7 @@ from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline, Expired
 from remat.solver.lower_bound import LowerBound as LowerBound
 from remat.solver.lower_bound import eager_bound as eager_bound
+from remat.solver.lower_bound import solved_bound
 
 LP_BOUND_MAX_NODES = 64
 """Above this many nodes :func:`lp_bound` does not build the exact model (it grows as n^2)."""
@@ -408,19 +409,19 @@ def multicut_bound(
             )
     if not w:
         return LowerBound("multicut", base, "nothing needs to run again")
-    left = None if deadline is None else deadline.left_s()
-    if left is not None and left <= 0.05:
-        return None
     if integer:
         m.integer = [True] * m.num_cols  # every column is a 0/1 decision of a real schedule
-    sol = m.solve(relax=not integer, time_limit_s=left)
-    if sol.status == "infeasible":
-        return LowerBound("multicut", math.inf, "the cuts' rows are infeasible")
-    if sol.bound is None or not math.isfinite(sol.bound):
-        return None
-    extra = max(0.0, sol.bound) * scale_t * (1 - 1e-6)
     kind = "MIP bound" if integer else "LP"
-    return LowerBound("multicut", base + extra, f"{kind} over {len(cuts)} cuts")
+    return solved_bound(
+        m,
+        method="multicut",
+        base_s=base,
+        scale_t=scale_t,
+        integer=integer,
+        deadline=deadline,
+        infeasible="the cuts' rows are infeasible",
+        detail=f"{kind} over {len(cuts)} cuts",
+    )
 
 
 def lp_bound(

@@ -45,7 +45,7 @@ import math
 from remat.ir import Graph
 from remat.solver._mip import SparseModel
 from remat.solver.deadline import Deadline
-from remat.solver.lower_bound import LowerBound, eager_bound
+from remat.solver.lower_bound import LowerBound, eager_bound, solved_bound
 
 STAGE_MAX_NODES = 64
 """Above this many nodes :func:`stage_bound` is not built (its rows grow as n^2 values)."""
@@ -79,18 +79,17 @@ def stage_bound(
     model, scale_t = m
     if integer:
         model.integer = [not name.startswith("K") for name in model.names]
-    left = None if deadline is None else deadline.left_s()
-    if left is not None and left <= 0.05:
-        return None
-    sol = model.solve(relax=not integer, time_limit_s=left)
-    if sol.status == "infeasible":
-        return LowerBound("stage", math.inf, "no schedule fits (stage relaxation)")
-    if sol.bound is None or not math.isfinite(sol.bound):
-        return None
-    # the solver's tolerances: shave a millionth off the proven extra time
-    extra = max(0.0, sol.bound) * scale_t * (1 - 1e-6)
     how = "MIP bound" if integer else "LP"
-    return LowerBound("stage", base + extra, f"stage relaxation, {how}")
+    return solved_bound(
+        model,
+        method="stage",
+        base_s=base,
+        scale_t=scale_t,
+        integer=integer,
+        deadline=deadline,
+        infeasible="no schedule fits (stage relaxation)",
+        detail=f"stage relaxation, {how}",
+    )
 
 
 def _build(graph: Graph, room: int, deadline: Deadline | None) -> tuple[SparseModel, float] | None:
