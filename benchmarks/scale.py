@@ -55,6 +55,7 @@ from remat.ir import (
 )
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
+from remat.solver.offload import combined_bound
 
 
 def llama_config(*, big: bool) -> Any:
@@ -308,7 +309,13 @@ def main() -> None:
                     if r.lower_bound_s is not None:
                         bound = r.lower_bound_s
                 if name == "auto":
-                    bound = max(bound or 0.0, lb)
+                    # the recompute-only bound holds only for plans that do not offload; for
+                    # one that does, the combined bound (solver.offload.combined_bound) does
+                    if r.status in ("optimal", "feasible") and (r.offload_bytes or 0) > 0:
+                        comb = combined_bound(g, budget, upper_s=r.total_time_s)
+                        bound = max(bound or 0.0, comb)
+                    else:
+                        bound = max(bound or 0.0, lb)
                 bnd = None if bound is None else bound / base - 1
                 gap = None
                 if over is not None and bound is not None and bound > 0:
