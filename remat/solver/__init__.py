@@ -23,6 +23,7 @@ from remat.solver import (  # noqa: F401  (importing a solver module registers i
     lp_round,
     milp,
     offload,
+    poet,
     pofo,
     revolve,
     rotor,
