@@ -9,6 +9,7 @@ from remat.ir.builder import Out, StepBuilder
 from remat.ir.cuts import Cut, articulation_cuts, block_cuts, block_key, forward_cuts
 from remat.ir.devices import PROFILES, get_profile
 from remat.ir.errors import (
+    GraphTooLargeError,
     GraphValidationError,
     InfeasibleBudgetError,
     InvalidPlanError,
@@ -28,6 +29,7 @@ __all__ = [
     "Cut",
     "DeviceProfile",
     "Graph",
+    "GraphTooLargeError",
     "GraphValidationError",
     "HostLink",
     "InfeasibleBudgetError",

@@ -44,5 +44,16 @@ class SolverBugError(RematError, RuntimeError):
         self.solver = solver
 
 
+class GraphTooLargeError(RematError, ValueError):
+    """The graph is past the size a solver takes (an exact MILP's node limit); ``option``
+    names the solver option that sets the limit. A request error, not a solver bug: the service
+    answers 422."""
+
+    def __init__(self, message: str, *, solver: str, option: str) -> None:
+        super().__init__(message)
+        self.solver = solver
+        self.option = option
+
+
 class SolverUnavailableError(RematError, LookupError):
     """The named solver is not registered, or its backend (e.g. HiGHS) is not installed."""

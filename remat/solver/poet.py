@@ -50,7 +50,7 @@ import time
 
 from pydantic import Field
 
-from remat.ir import Graph, InvalidPlanError, Plan, simulate
+from remat.ir import Graph, GraphTooLargeError, InvalidPlanError, Plan, simulate
 from remat.ir.result import SolveResult
 from remat.solver._mip import Backend
 from remat.solver.base import SolverOptions, register
@@ -117,7 +117,8 @@ def solve_poet(
         Whether values may go to the host (default: when the graph's device profile has a host
         link; without one the model is Checkmate's, recompute only).
     max_nodes
-        Largest graph solved (default 16, at most 40); a larger one raises ``ValueError``.
+        Largest graph solved (default 16, at most 40); a larger one raises
+        :class:`~remat.ir.errors.GraphTooLargeError`.
     backend
         ``"highs"`` (HiGHS through highspy) or ``"cbc"`` (CBC through pulp).
     threads
@@ -133,8 +134,8 @@ def solve_poet(
 
     Raises
     ------
-    ValueError
-        When the graph has more than ``max_nodes`` nodes.
+    GraphTooLargeError
+        When the graph has more than ``max_nodes`` nodes (a 422 from the service).
 
     References
     ----------
@@ -144,9 +145,11 @@ def solve_poet(
     t0 = time.perf_counter()
     graph, budget = problem.graph, problem.budget_bytes
     if graph.num_nodes > max_nodes:
-        raise ValueError(
+        raise GraphTooLargeError(
             f"poet: the graph has {graph.num_nodes} nodes, over max_nodes={max_nodes} "
-            f"(raise the option max_nodes, up to {MAX_NODES_LIMIT}, or use milp)"
+            f"(raise the option max_nodes, up to {MAX_NODES_LIMIT}, or use milp)",
+            solver="poet",
+            option="max_nodes",
         )
     deadline = (
         Deadline(problem.deadline)
