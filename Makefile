@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy $(TYPED)
 
 test: lint
-	$(PY) -m pytest -q -n 2 -p no:cacheprovider
+	$(PY) -m pytest -q -n 2 --dist worksteal -p no:cacheprovider
 
 # Debian's chromium for the browser test of the HTML report (skipped where it is missing).
 browser:

@@ -34,7 +34,7 @@ def main() -> None:
     model = transformers.GPT2LMHeadModel(config)
 
     # instead of model.gradient_checkpointing_enable(); time_limit_s bounds each plan (30 s default)
-    model = remat.enable(model, budget="50%", time_limit_s=5)
+    model = remat.enable(model, budget="50%", time_limit_s=2)
 
     args = transformers.TrainingArguments(
         output_dir="/tmp/remat-trainer", max_steps=4, per_device_train_batch_size=4,

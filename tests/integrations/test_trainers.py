@@ -100,7 +100,7 @@ def test_trainer_trains_the_enabled_model_as_the_plain_one(
     with caplog.at_level(logging.INFO, logger="remat"):
         # the checkpoint class reaches about 55% on this model, op-level plans lower
         budget = "50%" if mode == "op" else "70%"
-        remat.enable(planned, budget=budget, time_limit_s=5, mode=mode)
+        remat.enable(planned, budget=budget, time_limit_s=2, mode=mode)
         assert type(planned) is type(plain) and not caplog.records  # nothing traced yet
         ref, _ = _train(plain, tmp_path / "plain", gradient_accumulation_steps=accumulation)
         got, trainer = _train(planned, tmp_path / "remat", gradient_accumulation_steps=accumulation)
@@ -129,7 +129,7 @@ def test_trainer_trains_the_enabled_model_as_the_plain_one(
 def test_enable_keeps_outputs_state_dict_and_disable_restores(tmp_path: Path) -> None:
     model = tiny_gpt2().train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    remat.enable(model, budget="50%", time_limit_s=5)
+    remat.enable(model, budget="50%", time_limit_s=2)
     batch = Rows(n=2)[0]
     batch = {k: v[None] for k, v in batch.items()}
     out = model(**batch)
@@ -155,7 +155,7 @@ def test_enable_runs_with_the_configs_cache_default_on(tiny_llama: Any) -> None:
     plain = tiny_llama
     assert plain.config.use_cache
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=5)
+    remat.enable(planned, budget="50%", time_limit_s=2)
     ids = torch.randint(0, 64, (2, 16))
     planned(input_ids=ids, labels=ids).loss.backward()
     plain(input_ids=ids, labels=ids, use_cache=False).loss.backward()
@@ -175,7 +175,7 @@ def test_accelerate_prepare_backward_and_accumulate() -> None:
     accelerate = _need("accelerate")
     plain = tiny_gpt2().train()
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=5)
+    remat.enable(planned, budget="50%", time_limit_s=2)
     data = torch.utils.data.DataLoader(Rows(n=8), batch_size=2)
     losses: dict[str, list[float]] = {}
     for name, model in (("plain", plain), ("remat", planned)):
@@ -217,7 +217,7 @@ def test_lightning_training_step(tmp_path: Path) -> None:
     for name in ("plain", "remat"):
         model = tiny_gpt2()
         if name == "remat":
-            remat.enable(model, budget="50%", time_limit_s=5)
+            remat.enable(model, budget="50%", time_limit_s=2)
         module = Module(model)
         trainer = pl.Trainer(
             accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
@@ -250,7 +250,7 @@ def test_a_padded_batch_is_planned_apart_from_an_unpadded_one() -> None:
     another step, planned on its own, and both give the plain model's loss."""
     plain = tiny_gpt2().train()
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=5)
+    remat.enable(planned, budget="50%", time_limit_s=2)
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     full = torch.ones_like(ids)
     padded = full.clone()
@@ -279,7 +279,7 @@ def test_enable_in_checkpoint_mode_with_the_configs_cache_default_on(tiny_llama:
     planned = copy.deepcopy(plain).train()
     own = {path for path, m in planned.named_modules() if "forward" in m.__dict__}
     # one layer: the checkpoint class recomputes at 90%, not much lower
-    remat.enable(planned, budget="90%", time_limit_s=5, mode="checkpoint")
+    remat.enable(planned, budget="90%", time_limit_s=2, mode="checkpoint")
     for seq in (16, 8):
         ids = torch.randint(0, 64, (2, seq), generator=torch.Generator().manual_seed(seq))
         # labels in their own storage, as a collator gives them (the graph counts each input

@@ -22,7 +22,7 @@ from remat.ir import resolve_budget
 from remat.tracer import TraceError, trace_capture
 
 SEED = 7
-SOLVE_TIME_LIMIT_S = 5.0
+SOLVE_TIME_LIMIT_S = 2.0  # exactness holds for any plan; the 50% solves run the limit out
 FRACTIONS = [0.7, 0.5]
 SLOW = {"t5", "whisper", "mixtral"}  # the largest graphs (700+ nodes): slow on 2 cores
 # Cases not within 2% yet, with what was measured. Not strict: a case that passes is reported
