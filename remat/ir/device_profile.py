@@ -24,6 +24,12 @@ Curve = Annotated[tuple[tuple[Rate, Rate], ...], Field(min_length=1)]
 """Measured points ``(size, rate)`` of one key (kept by increasing size)."""
 
 
+MAX_INTERCONNECT_BYTES_PER_S = 1e30
+"""The fastest link between ranks a profile may state (the service's bound on bandwidths)."""
+MAX_INTERCONNECT_LATENCY_S = 1.0
+"""The longest latency of one ring step a profile may state (real links: microseconds)."""
+
+
 class HostLink(BaseModel):
     """The link between device memory and host memory, over which values are offloaded.
 
@@ -67,15 +73,22 @@ class Interconnect(BaseModel):
     bandwidth_bytes_per_s
         One-direction bandwidth of one rank's link (NVLink 4 on H100/H200 SXM: 450 GB/s; the
         bottleneck of a ring spanning nodes is the slowest link, e.g. 50 GB/s per GPU for
-        400 Gb/s InfiniBand).
+        400 Gb/s InfiniBand); from 1 byte/s to :data:`MAX_INTERCONNECT_BYTES_PER_S`.
     latency_s
-        Fixed time of one ring step.
+        Fixed time of one ring step, 0 to :data:`MAX_INTERCONNECT_LATENCY_S`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bandwidth_bytes_per_s: Rate
-    latency_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    # Bounded so that a ring over any valid group and message is a finite time: at most
+    # 2**20 ranks times 1 s of latency, plus 2**60-byte sums over 1 byte/s (the service's
+    # bounds on the graph's byte counts).
+    bandwidth_bytes_per_s: float = Field(
+        ge=1.0, le=MAX_INTERCONNECT_BYTES_PER_S, allow_inf_nan=False
+    )
+    latency_s: float = Field(
+        default=0.0, ge=0.0, le=MAX_INTERCONNECT_LATENCY_S, allow_inf_nan=False
+    )
 
 
 class DeviceProfile(BaseModel):

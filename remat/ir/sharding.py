@@ -17,9 +17,10 @@ read it with the graph.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from remat.ir.device_profile import Interconnect
 
@@ -45,6 +46,38 @@ DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20
 DEFAULT_FIRST_BUCKET_BYTES = 2**20
 """DDP's first bucket (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB)."""
 
+MAX_WORLD_SIZE = 2**20
+"""The most ranks a spec may name (1,048,576: beyond any job run so far, and small enough that a
+ring's ``w - 1`` steps stay a finite time)."""
+MAX_BUCKET_BYTES = 2**60
+"""The largest DDP bucket a spec may name: the graph's own bound on a byte count (the service's
+``MAX_BYTES``)."""
+MAX_UNITS = 4096
+"""The most FSDP2 units a spec may list (every layer of the largest models many times over)."""
+MAX_UNIT_PATH_CHARS = 1000
+
+_DTYPE_PATTERN = r"^(torch\.)?(" + "|".join(sorted(DTYPE_BYTES)) + r")$"
+_UNIT_PATTERN = r"^[^. ]+(\.[^. ]+)*$"
+
+# The patterns are what the validators below check (with messages that say why), stated in the
+# JSON Schema for clients and fuzzers.
+DtypeName = Annotated[str, Field(max_length=30, json_schema_extra={"pattern": _DTYPE_PATTERN})]
+"""A dtype of :data:`DTYPE_BYTES`, with or without the ``torch.`` prefix."""
+UnitPath = Annotated[
+    str, Field(max_length=MAX_UNIT_PATH_CHARS, json_schema_extra={"pattern": _UNIT_PATTERN})
+]
+"""A dotted module path (``layers.0``): no empty component, no space."""
+
+# JSON Schema cannot tie one field to another except through combinators: DDP shards nothing,
+# so its spec lists no units (what _strategy_fields checks, stated for clients and fuzzers).
+_DDP_HAS_NO_UNITS: JsonDict = {
+    "anyOf": [
+        {"not": {"required": ["strategy"]}},
+        {"properties": {"strategy": {"const": "fsdp2"}}},
+        {"properties": {"units": {"maxItems": 0}}},
+    ]
+}
+
 LOOPBACK_GLOO = Interconnect(bandwidth_bytes_per_s=1e9, latency_s=100e-6)
 """Gloo between processes of one CPU host over the loopback device: an order of magnitude
 (measured here at 0.6-2 GB/s for messages of a few MB and about 100 us per small message; the
@@ -57,7 +90,7 @@ class ShardingSpec(BaseModel):
     Attributes
     ----------
     world_size
-        Number of ranks (>= 1).
+        Number of ranks, 1 to :data:`MAX_WORLD_SIZE`.
     strategy
         ``"fsdp2"`` or ``"ddp"``.
     units
@@ -77,7 +110,8 @@ class ShardingSpec(BaseModel):
         gradients made) in, and the dtype gradients are reduce-scattered in (default: the
         parameter dtype). None: the parameters' own.
     bucket_cap_bytes, first_bucket_bytes
-        DDP's gradient bucket sizes (``bucket_cap_mb``; the first bucket is smaller).
+        DDP's gradient bucket sizes (``bucket_cap_mb``; the first bucket is smaller), 1 byte to
+        :data:`MAX_BUCKET_BYTES`.
     gradient_as_bucket_view
         DDP: gradients are views into the buckets (one copy of the gradient bytes); False: the
         buckets are a second copy.
@@ -86,17 +120,19 @@ class ShardingSpec(BaseModel):
         (:attr:`~remat.ir.DeviceProfile.interconnect`); with neither, :data:`LOOPBACK_GLOO`.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_DDP_HAS_NO_UNITS)
 
-    world_size: int = Field(ge=1)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
     strategy: Literal["fsdp2", "ddp"] = "fsdp2"
-    units: tuple[str, ...] = ()
+    units: tuple[UnitPath, ...] = Field(
+        default=(), max_length=MAX_UNITS, json_schema_extra={"uniqueItems": True}
+    )
     reshard_after_forward: bool = True
     backward_prefetch: bool = True
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-    bucket_cap_bytes: int = Field(default=DEFAULT_BUCKET_CAP_BYTES, gt=0)
-    first_bucket_bytes: int = Field(default=DEFAULT_FIRST_BUCKET_BYTES, gt=0)
+    param_dtype: DtypeName | None = None
+    reduce_dtype: DtypeName | None = None
+    bucket_cap_bytes: int = Field(default=DEFAULT_BUCKET_CAP_BYTES, gt=0, le=MAX_BUCKET_BYTES)
+    first_bucket_bytes: int = Field(default=DEFAULT_FIRST_BUCKET_BYTES, gt=0, le=MAX_BUCKET_BYTES)
     gradient_as_bucket_view: bool = False
     interconnect: Interconnect | None = None
 
@@ -150,6 +186,11 @@ def collective_time_s(
     reduce-scatter then an all-gather, twice that (Patarasuk & Yuan 2009, "Bandwidth optimal
     all-reduce algorithms for clusters of workstations"). One rank: no communication, 0.
 
+    Raises
+    ------
+    ValueError
+        When the time is not a finite number (bytes beyond any real step's).
+
     Examples
     --------
     >>> link = Interconnect(bandwidth_bytes_per_s=1e9)
@@ -159,7 +200,17 @@ def collective_time_s(
     if world_size <= 1 or unsharded_bytes <= 0:
         return 0.0
     w = world_size
-    one = (w - 1) * link.latency_s + (w - 1) / w * unsharded_bytes / link.bandwidth_bytes_per_s
+    try:
+        # (w - 1) / w first: the byte count may be a Python int beyond a float's range.
+        moved_s = (w - 1) / w * unsharded_bytes / link.bandwidth_bytes_per_s
+        one = (w - 1) * link.latency_s + moved_s
+    except OverflowError:
+        one = math.inf
+    if not math.isfinite(one):
+        raise ValueError(
+            f"{kind}: {unsharded_bytes} bytes over {w} ranks take no finite time on a link of "
+            f"{link.bandwidth_bytes_per_s:g} bytes/s"
+        )
     return 2.0 * one if kind == "all_reduce" else one
 
 
@@ -167,7 +218,7 @@ def shard_rows(dim0: int, world_size: int) -> int:
     """Rows of one rank's shard of a parameter whose first dimension is ``dim0``: FSDP2 pads dim
     0 to a multiple of the world size and gives each rank an equal chunk (rank 0's is never
     smaller than another's, so this is the per-rank peak's)."""
-    return math.ceil(dim0 / world_size)
+    return -(-dim0 // world_size)  # in integers: a shape may be beyond a float's exactness
 
 
 def dtype_bytes(dtype: str | None, where: str) -> int:
@@ -191,6 +242,9 @@ __all__ = [
     "DEFAULT_FIRST_BUCKET_BYTES",
     "DTYPE_BYTES",
     "LOOPBACK_GLOO",
+    "MAX_BUCKET_BYTES",
+    "MAX_UNITS",
+    "MAX_WORLD_SIZE",
     "ShardingSpec",
     "collective_time_s",
     "dtype_bytes",

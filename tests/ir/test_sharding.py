@@ -109,8 +109,14 @@ def test_recomputation_only_inside_the_units_backward_window() -> None:
         "fb": ("fsdp.all_gather.backward:b", "fsdp.reshard.backward:b"),
     }
     ids = [n.id for n in s.nodes]
-    inside = [*ids[:5], "fsdp.reshard.forward:b", "fsdp.all_gather.backward:b",
-              "fsdp.all_gather.backward:a", "fa", *ids[8:]]  # fmt: skip
+    inside = [
+        *ids[:5],
+        "fsdp.reshard.forward:b",
+        "fsdp.all_gather.backward:b",
+        "fsdp.all_gather.backward:a",
+        "fa",
+        *ids[8:],
+    ]
     steps = []
     for nid in inside:
         steps.append(compute(nid))
@@ -122,8 +128,19 @@ def test_recomputation_only_inside_the_units_backward_window() -> None:
     with pytest.raises(InvalidPlanError, match="parameter window"):
         simulate(s, Plan(steps=steps))
     # unsharded, the same plan is fine
-    simulate(_two_units(), Plan(steps=[compute("fa"), compute("fb"), free("ha"), compute("fa"),
-                                       compute("gb"), compute("ga")]))  # fmt: skip
+    simulate(
+        _two_units(),
+        Plan(
+            steps=[
+                compute("fa"),
+                compute("fb"),
+                free("ha"),
+                compute("fa"),
+                compute("gb"),
+                compute("ga"),
+            ]
+        ),
+    )
 
 
 def test_no_reshard_after_forward_keeps_one_window() -> None:
@@ -145,11 +162,81 @@ def test_no_reshard_after_forward_keeps_one_window() -> None:
         ({"world_size": 2, "param_dtype": "float13"}, "param_dtype"),
         ({"world_size": 2, "strategy": "ddp", "units": ("a",)}, "units"),
         ({"world_size": 2, "bucket_cap_bytes": 0}, "bucket_cap_bytes"),
+        # Bounds, so that no valid spec overflows the arithmetic of shard_graph or the service.
+        ({"world_size": 2**20 + 1}, "world_size"),
+        ({"world_size": 2.5}, "world_size"),
+        ({"world_size": 2, "bucket_cap_bytes": 2**60 + 1}, "bucket_cap_bytes"),
+        (
+            {"world_size": 2, "first_bucket_bytes": 17511237789001022595701956711284736},
+            "first_bucket_bytes",
+        ),
+        ({"world_size": 2, "units": tuple(f"l.{i}" for i in range(4097))}, "units"),
+        ({"world_size": 2, "units": ("x" * 1001,)}, "units"),
+        ({"world_size": 2, "reduce_dtype": "torch.torch.float32"}, "reduce_dtype"),
+        (
+            {"world_size": 2, "interconnect": {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e307}},
+            "latency_s",
+        ),
+        ({"world_size": 2, "interconnect": {"bandwidth_bytes_per_s": 0.5}}, "bandwidth"),
+        ({"world_size": 2, "interconnect": {"bandwidth_bytes_per_s": 1e31}}, "bandwidth"),
+        ({"world_size": 2, "interconnect": {"bandwidth_bytes_per_s": float("inf")}}, "bandwidth"),
+        (
+            {"world_size": 2, "interconnect": {"bandwidth_bytes_per_s": 1e9, "latency_s": -1.0}},
+            "latency_s",
+        ),
     ],
 )
 def test_bad_spec_names_the_field(fields: dict[str, object], named: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=named):
         ShardingSpec.model_validate(fields)
+
+
+def test_json_schema_states_what_the_validators_check() -> None:
+    # A client (or a fuzzer) generating from the schema gets specs the service accepts.
+    import re
+
+    schema = ShardingSpec.model_json_schema()
+    props = schema["properties"]
+    assert props["world_size"]["maximum"] == 2**20
+    assert props["bucket_cap_bytes"]["maximum"] == 2**60
+    unit = props["units"]["items"]
+    assert props["units"]["uniqueItems"] and props["units"]["maxItems"] == 4096
+    for path in ("a.", ".a", "a..b", "a b", ""):
+        assert not re.search(unit["pattern"], path)
+        with pytest.raises(pydantic.ValidationError, match="units"):
+            ShardingSpec(world_size=2, units=(path,))
+    assert re.search(unit["pattern"], "model.layers.3")
+    dtype = props["param_dtype"]["anyOf"][0]["pattern"]
+    assert re.search(dtype, "torch.bfloat16") and not re.search(dtype, "bfloat17")
+    assert "anyOf" in schema  # DDP lists no units
+    link = schema["$defs"]["Interconnect"]["properties"]
+    assert link["latency_s"]["maximum"] == 1.0
+    assert link["bandwidth_bytes_per_s"]["minimum"] == 1.0
+
+
+def test_extreme_but_valid_specs_give_finite_graphs() -> None:
+    # The largest group on the slowest, highest-latency link: every collective is a finite time.
+    slow = Interconnect(bandwidth_bytes_per_s=1.0, latency_s=1.0)
+    for spec in (
+        ShardingSpec(world_size=2**20, units=("a", "b"), interconnect=slow),
+        ShardingSpec(
+            world_size=2**20,
+            strategy="ddp",
+            bucket_cap_bytes=2**60,
+            first_bucket_bytes=2**60,
+            interconnect=slow,
+        ),
+    ):
+        s = shard_graph(_two_units(), spec)
+        assert all(0 <= n.time_s < float("inf") for n in s.nodes)
+        sim = simulate(s, eager_plan(s))
+        assert sim.peak_bytes >= s.static_bytes and sim.total_time_s < float("inf")
+
+
+def test_collective_time_refuses_an_infinite_time() -> None:
+    slow = Interconnect(bandwidth_bytes_per_s=1.0)
+    with pytest.raises(ValueError, match="finite"):
+        collective_time_s("all_reduce", 10**400, 2, slow)
 
 
 def test_unknown_unit_and_twice_sharded() -> None:
