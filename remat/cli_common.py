@@ -256,4 +256,6 @@ def shard_arg(args: argparse.Namespace, graph: Graph) -> Graph:
     try:
         return shard_graph(graph, spec)
     except ValueError as exc:
-        raise BadInput(f"--fsdp-units: {exc}") from None
+        # shard_graph's messages start with what is at fault: a unit, or the step's sizes.
+        where = "--fsdp-units" if str(exc).startswith("units:") else "--world-size"
+        raise BadInput(f"{where}: {exc}") from None

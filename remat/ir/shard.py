@@ -119,12 +119,19 @@ class _Units:
 
     def __init__(self, units: Sequence[str]) -> None:
         self.units = tuple(units)
+        self._set = frozenset(units)
         self._cache: dict[str, str] = {}
 
     def of(self, module: str) -> str:
         u = self._cache.get(module)
         if u is None:
-            u = max((x for x in self.units if _under(module, x)), key=len, default="")
+            # The longest dotted prefix of the module that is a unit: one set lookup per
+            # component, not one test per unit (a spec may list thousands).
+            parts = module.split(".") if module else []
+            u = next(
+                (p for k in range(len(parts), 0, -1) if (p := ".".join(parts[:k])) in self._set),
+                "",
+            )
             self._cache[module] = u
         return u
 
@@ -186,7 +193,7 @@ def _fsdp2(graph: Graph, spec: ShardingSpec) -> Graph:
         param_total += v.size_bytes
         el = _elems(v, w)
         if el is None or v.dtype is None:
-            own = math.ceil(v.size_bytes / w)
+            own = -(-v.size_bytes // w)
             gathered[u] = gathered.get(u, 0) + _scaled(own * w, spec.param_dtype, v)
             rs_bytes[u] = rs_bytes.get(u, 0) + _scaled(own * w, reduce_dtype, v)
             shard_bytes += own
@@ -213,7 +220,8 @@ def _fsdp2(graph: Graph, spec: ShardingSpec) -> Graph:
         new_size[r] = _scaled(v.size_bytes, spec.param_dtype, v)
     buffer_total = sum(v.size_bytes for v in graph.values if v.kind == "buffer")
     optimizer = max(0, graph.static_bytes - param_total - buffer_total - grad_total)
-    opt_shard = round(optimizer * shard_bytes / param_total) if param_total else 0
+    # In integers: the product of two byte counts near 2**60 is beyond a float's exactness.
+    opt_shard = (optimizer * shard_bytes + param_total // 2) // param_total if param_total else 0
     root_gathered = gathered.get("", 0)
     static = 2 * shard_bytes + buffer_total + opt_shard + root_gathered
 
