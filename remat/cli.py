@@ -33,6 +33,8 @@ from remat.cli_common import (
     read_text,
     result_rows,
     service_client,
+    shard_arg,
+    sharding_args,
     solve_local,
     write_file,
 )
@@ -51,7 +53,7 @@ from remat.report.check import cost_model_text
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    graph = load_graph(args.graph)
+    graph = shard_arg(args, load_graph(args.graph))
     budget = budget_arg(args.budget)
     if args.url:
         with service_client(args) as c:
@@ -183,7 +185,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.max_growth < 0 or args.max_overhead_growth < 0:
         raise BadInput("--max-growth and --max-overhead-growth must be >= 0")
     bar = progress_bar(args)
-    graph = _target_graph(args.target, args.cost, bar)
+    graph = shard_arg(args, _target_graph(args.target, args.cost, bar))
     bar.baseline_time_s = sum(n.time_s for n in graph.nodes)
     budget = budget_arg(args.budget)
     result = solve_local(graph, budget, args.solver, args.time_limit, bar)
@@ -241,7 +243,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    graph = _target_graph(args.spec, args.cost, progress_bar(args))
+    graph = shard_arg(args, _target_graph(args.spec, args.cost, progress_bar(args)))
     if args.out:
         write_file(args.out, graph.to_json(indent=1))
     s = graph.summary()
@@ -432,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     solver_args(sp)
     sp.add_argument("--out", metavar="RESULT.json", help="write the result with its plan")
     sp.add_argument("--json", action="store_true", help="print the result (without plan) as JSON")
+    sharding_args(sp)
     quiet_arg(sp)
     remote_args(sp)
     sp.set_defaults(fn=cmd_solve)
@@ -480,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="POINTS",
         help="allowed growth of the overhead at the budget, in percentage points (default 5)",
     )
+    sharding_args(sp)
     quiet_arg(sp)
     sp.set_defaults(fn=cmd_check)
 
@@ -494,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("spec", help="e.g. examples/models.py:build_gpt or package.module:function")
     cost_arg(sp)
     sp.add_argument("--out", metavar="GRAPH.json")
+    sharding_args(sp)
     quiet_arg(sp)
     sp.set_defaults(fn=cmd_trace)
 

@@ -160,3 +160,102 @@ def write_file(path: str, text: str) -> None:
         Path(path).write_text(text)
     except OSError as exc:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# -- sharding -----------------------------------------------------------------------------------
+
+
+def sharding_args(sp: argparse.ArgumentParser) -> None:
+    """``--world-size`` and the FSDP2/DDP options of :class:`remat.ir.sharding.ShardingSpec`."""
+    g = sp.add_argument_group("sharded training (the step of one rank)")
+    g.add_argument("--world-size", type=int, metavar="N", help="ranks of the data-parallel group")
+    g.add_argument(
+        "--fsdp-units",
+        metavar="PATHS",
+        help="FSDP2: comma-separated module paths passed to fully_shard besides the root; "
+        "'*' matches one path component (e.g. 'model.layers.*')",
+    )
+    g.add_argument("--ddp", action="store_true", help="DistributedDataParallel instead of FSDP2")
+    g.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="FSDP2: keep gathered parameters from forward to backward",
+    )
+    g.add_argument("--param-dtype", metavar="DTYPE", help="FSDP2 mixed precision, e.g. bfloat16")
+    g.add_argument("--reduce-dtype", metavar="DTYPE", help="FSDP2 reduce-scatter dtype")
+    g.add_argument(
+        "--gradient-as-bucket-view", action="store_true", help="DDP: gradients are bucket views"
+    )
+
+
+def _units(text: str, graph: Graph) -> tuple[str, ...]:
+    import fnmatch
+
+    modules: set[str] = set()
+    for n in graph.nodes:
+        parts = n.module.split(".") if n.module else []
+        modules.update(".".join(parts[: k + 1]) for k in range(len(parts)))
+    out: list[str] = []
+    for pat in (p.strip() for p in text.split(",")):
+        if not pat:
+            continue
+        if "*" not in pat:
+            out.append(pat)
+            continue
+        depth = pat.count(".")
+        hits = sorted(
+            (m for m in modules if m.count(".") == depth and fnmatch.fnmatchcase(m, pat)),
+            key=lambda m: [int(x) if x.isdigit() else x for x in m.split(".")],
+        )
+        if not hits:
+            raise BadInput(f"--fsdp-units: {pat!r} matches no module of the graph")
+        out.extend(h for h in hits if h not in out)
+    return tuple(out)
+
+
+def shard_arg(args: argparse.Namespace, graph: Graph) -> Graph:
+    """``graph`` as one rank's step when ``--world-size`` is given (else unchanged).
+
+    Raises
+    ------
+    BadInput
+        Naming the flag at fault.
+    """
+    import pydantic
+
+    from remat.ir.shard import shard_graph
+    from remat.ir.sharding import ShardingSpec
+
+    world = getattr(args, "world_size", None)
+    others = ("fsdp_units", "param_dtype", "reduce_dtype")
+    if world is None:
+        named = [o for o in others if getattr(args, o, None)]
+        named += [o for o in ("ddp", "no_reshard_after_forward") if getattr(args, o, False)]
+        if named:
+            raise BadInput(f"--{named[0].replace('_', '-')} needs --world-size")
+        return graph
+    if graph.sharding is not None:
+        raise BadInput("--world-size: the graph is sharded already (its JSON has 'sharding')")
+    fields: dict[str, Any] = {"world_size": world, "strategy": "ddp" if args.ddp else "fsdp2"}
+    if args.fsdp_units:
+        fields["units"] = _units(args.fsdp_units, graph)
+    for name in ("param_dtype", "reduce_dtype"):
+        if getattr(args, name):
+            fields[name] = getattr(args, name)
+    fields["reshard_after_forward"] = not args.no_reshard_after_forward
+    fields["gradient_as_bucket_view"] = args.gradient_as_bucket_view
+    flag = {"units": "--fsdp-units", "world_size": "--world-size", "strategy": "--ddp"}
+    try:
+        spec = ShardingSpec.model_validate(fields)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else "world_size"
+        if not err["loc"] and "units" in err["msg"]:
+            name = "units"
+        raise BadInput(f"{flag.get(name, '--' + name.replace('_', '-'))}: {err['msg']}") from None
+    try:
+        return shard_graph(graph, spec)
+    except ValueError as exc:
+        # shard_graph's messages start with what is at fault: a unit, or the step's sizes.
+        where = "--fsdp-units" if str(exc).startswith("units:") else "--world-size"
+        raise BadInput(f"{where}: {exc}") from None

@@ -139,6 +139,20 @@ def _solve(
             # becomes the job's progress as it is: the same figures as a terminal's bar.
             progress({"stage": "solving", **p.model_dump(mode="json", exclude_none=True)})
 
+    if graph.sharding is not None and graph.sharding.strategy == "fsdp2":
+        # One rank's FSDP2 step: solvers.solve plans it in the checkpoint class (the executor
+        # that runs under fully_shard), judged with the parameter-window rule.
+        with _request_errors():
+            solvers.info(task["solver"]).check_options(options)
+        with _solver_errors(task["solver"]):
+            return solvers.solve(
+                graph,
+                budget_bytes,
+                solver=task["solver"],
+                time_limit_s=task["time_limit_s"],
+                progress=on_progress,
+                **options,
+            )
     with _request_errors():
         # The problem is built here rather than by solvers.solve: a solver's own ``progress``
         # option (above) and the problem's callback are two different things.

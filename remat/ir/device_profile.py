@@ -9,11 +9,25 @@ import bisect
 import math
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 Rate = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Curve = Annotated[tuple[tuple[Rate, Rate], ...], Field(min_length=1)]
 """Measured points ``(size, rate)`` of one key (kept by increasing size)."""
+
+
+MAX_INTERCONNECT_BYTES_PER_S = 1e30
+"""The fastest link between ranks a profile may state (the service's bound on bandwidths)."""
+MAX_INTERCONNECT_LATENCY_S = 1.0
+"""The longest latency of one ring step a profile may state (real links: microseconds)."""
 
 
 class HostLink(BaseModel):
@@ -44,6 +58,37 @@ class HostLink(BaseModel):
     latency_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     overlaps_compute: bool = True
     host_memory_bytes: int | None = Field(default=None, ge=0)
+
+
+class Interconnect(BaseModel):
+    """The link between ranks that collectives (all-gather, reduce-scatter, all-reduce) use.
+
+    Collectives are priced as rings (Patarasuk & Yuan 2009, as NCCL and gloo run them for large
+    messages): an all-gather or a reduce-scatter of ``n`` unsharded bytes over ``w`` ranks moves
+    ``(w - 1) / w * n`` bytes through each rank's link in ``w - 1`` steps, an all-reduce twice
+    that (:func:`remat.ir.sharding.collective_time_s`).
+
+    Attributes
+    ----------
+    bandwidth_bytes_per_s
+        One-direction bandwidth of one rank's link (NVLink 4 on H100/H200 SXM: 450 GB/s; the
+        bottleneck of a ring spanning nodes is the slowest link, e.g. 50 GB/s per GPU for
+        400 Gb/s InfiniBand); from 1 byte/s to :data:`MAX_INTERCONNECT_BYTES_PER_S`.
+    latency_s
+        Fixed time of one ring step, 0 to :data:`MAX_INTERCONNECT_LATENCY_S`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Bounded so that a ring over any valid group and message is a finite time: at most
+    # 2**20 ranks times 1 s of latency, plus 2**60-byte sums over 1 byte/s (the service's
+    # bounds on the graph's byte counts).
+    bandwidth_bytes_per_s: float = Field(
+        ge=1.0, le=MAX_INTERCONNECT_BYTES_PER_S, allow_inf_nan=False
+    )
+    latency_s: float = Field(
+        default=0.0, ge=0.0, le=MAX_INTERCONNECT_LATENCY_S, allow_inf_nan=False
+    )
 
 
 class DeviceProfile(BaseModel):
@@ -91,6 +136,10 @@ class DeviceProfile(BaseModel):
         simulator then prices copies at ``host_bandwidth_bytes_per_s`` both ways, and ``auto``
         does not offload by default). When given, ``host_bandwidth_bytes_per_s`` must equal
         its device-to-host rate.
+    interconnect
+        The link to the other ranks that collectives of a sharded step are priced on
+        (:mod:`remat.ir.sharding`; None: not stated, a sharded graph then needs one in its
+        :class:`~remat.ir.sharding.ShardingSpec`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -106,6 +155,16 @@ class DeviceProfile(BaseModel):
     op_bandwidth_curves: dict[str, Curve] = Field(default_factory=dict)
     op_efficiency_curves: dict[str, Curve] = Field(default_factory=dict)
     host_link: HostLink | None = None
+    interconnect: Interconnect | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unstated_link(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """A profile without an interconnect serialises as before the field existed (its JSON,
+        and the content hash of a graph carrying it, unchanged)."""
+        out: dict[str, object] = handler(self)
+        if self.interconnect is None:
+            out.pop("interconnect", None)
+        return out
 
     @model_validator(mode="after")
     def _one_host_rate(self) -> DeviceProfile:

@@ -13,8 +13,14 @@ nothing.
 
 from __future__ import annotations
 
-from remat.ir.device_profile import HostLink
+from remat.ir.device_profile import HostLink, Interconnect
 from remat.ir.graph import DeviceProfile
+
+NVLINK3 = Interconnect(bandwidth_bytes_per_s=300e9, latency_s=5e-6)
+"""A100 SXM's NVLink 3: 600 GB/s in all, 300 GB/s each way, within a node."""
+NVLINK4 = Interconnect(bandwidth_bytes_per_s=450e9, latency_s=5e-6)
+"""H100/H200 SXM's NVLink 4: 900 GB/s in all, 450 GB/s each way, within a node (the latency,
+an order of magnitude of one ring step, is not a datasheet figure)."""
 
 _DGX_HOST_BYTES = 256 * 10**9
 """A DGX's 2 TB of system memory, shared by its eight GPUs."""
@@ -51,6 +57,7 @@ A100_SXM_80GB = DeviceProfile(
     host_bandwidth_bytes_per_s=32e9,
     memory_bytes=80 * 10**9,
     host_link=PCIE4_X16,
+    interconnect=NVLINK3,
 )
 
 _HOPPER_FLOPS = {
@@ -69,6 +76,7 @@ H100_SXM = DeviceProfile(
     host_bandwidth_bytes_per_s=64e9,
     memory_bytes=80 * 10**9,
     host_link=PCIE5_X16,
+    interconnect=NVLINK4,
 )
 
 H200_SXM = DeviceProfile(
@@ -78,6 +86,7 @@ H200_SXM = DeviceProfile(
     host_bandwidth_bytes_per_s=64e9,
     memory_bytes=141 * 10**9,
     host_link=PCIE5_X16,
+    interconnect=NVLINK4,
 )
 
 GH200 = DeviceProfile(

@@ -29,12 +29,20 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 from pydantic._internal._model_construction import ModelMetaclass
 
 from remat.ir.device_profile import DeviceProfile as DeviceProfile
 from remat.ir.device_profile import HostLink as HostLink
 from remat.ir.errors import GraphValidationError
+from remat.ir.sharding import ShardingSpec
 
 SCHEMA_VERSION = 1
 
@@ -152,6 +160,9 @@ class Graph(BaseModel, metaclass=_GraphMeta):
     required: tuple[str, ...] = ()
     static_bytes: int = 0
     device: DeviceProfile | None = None
+    sharding: ShardingSpec | None = None
+    """The data-parallel configuration this graph is one rank's step of (None: one process;
+    :func:`remat.ir.shard.shard_graph` makes sharded graphs)."""
 
     _node_index: dict[str, int] = PrivateAttr(default_factory=dict)
     _value_index: dict[str, int] = PrivateAttr(default_factory=dict)
@@ -206,6 +217,15 @@ class Graph(BaseModel, metaclass=_GraphMeta):
         return g
 
     # -- serialisation ------------------------------------------------------------------------
+
+    @model_serializer(mode="wrap")
+    def _without_unsharded(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A graph of one process serialises as before ``sharding`` existed (same JSON, same
+        content hash)."""
+        out: dict[str, Any] = handler(self)
+        if self.sharding is None:
+            out.pop("sharding", None)
+        return out
 
     def to_json(self, *, indent: int | None = None) -> str:
         return self.model_dump_json(indent=indent, exclude_defaults=False)

@@ -38,6 +38,7 @@ from remat.ir.device_profile import HostLink
 from remat.ir.errors import InvalidPlanError
 from remat.ir.graph import Graph
 from remat.ir.plan import Plan
+from remat.ir.shard import recompute_windows
 
 _ON_DEVICE = 1
 _OFFLOADING = 2
@@ -82,6 +83,10 @@ class Simulation:
     """Most bytes held in host memory by offloaded values at once."""
 
 
+def _windows(graph: Graph) -> Mapping[str, tuple[str, str]]:
+    return recompute_windows(graph) if graph.sharding is not None else {}
+
+
 def simulate(
     graph: Graph,
     plan: Plan,
@@ -115,7 +120,9 @@ def simulate(
     InvalidPlanError
         At the first step that reads a value not on the device, frees or offloads a value that
         is not there, prefetches one that was never offloaded, recomputes a side-effecting node,
-        names an unknown id, or when the plan ends without a required value.
+        names an unknown id, or when the plan ends without a required value; on an FSDP2 graph
+        also when it recomputes a forward op outside its unit's parameter window
+        (:func:`remat.ir.shard.recompute_windows`).
     """
     if link is None:
         link = graph.link
@@ -139,6 +146,8 @@ def simulate(
     inputs = graph.memo(
         "simulate.inputs", lambda: frozenset(v.id for v in graph.values if v.kind == "input")
     )
+
+    windows = graph.memo("simulate.windows", lambda: _windows(graph))
 
     state: dict[str, int] = dict.fromkeys(inputs, _ON_DEVICE)
     ready: dict[str, float] = dict.fromkeys(inputs, 0.0)
@@ -201,6 +210,14 @@ def simulate(
             k = computed.get(sid, 0)
             if k and not node.recomputable:
                 raise fail(i, f"node {sid!r} has side effects and was already computed")
+            if k and sid in windows:
+                opened, closed = windows[sid]
+                if opened not in computed or closed in computed:
+                    raise fail(
+                        i,
+                        f"recomputes {sid!r} outside its FSDP unit's parameter window (between "
+                        f"{opened!r} and {closed!r}): its parameters are not gathered there",
+                    )
             stall += start - t_c
             release_until(start)
             new = 0

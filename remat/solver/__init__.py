@@ -74,7 +74,7 @@ def solve(
     solver: str | None = None,
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
-    executor: str = "op",
+    executor: str | None = None,
     **options: Any,
 ) -> SolveResult:
     """Solve ``graph`` under ``budget`` (bytes, ``"12GiB"``, ``"70%"`` or a fraction of the
@@ -86,16 +86,37 @@ def solve(
     ``executor="checkpoint"`` the plan is one that ``remat.apply(..., mode="checkpoint")`` runs
     exactly (:mod:`remat.ir.checkpoint_class`, seeded with the solver's plan); a solver's
     ``offload`` option then defaults to off, as that executor does not offload.
+
+    ``executor`` defaults to ``"op"``, and to ``"checkpoint"`` on a graph sharded with FSDP2
+    (:mod:`remat.ir.shard`), the only one that runs there: the op-level executor calls ATen ops
+    on the parameters itself, where FSDP2's module hooks, which gather them, never run. There
+    the solver plans on the graph without the parameter-window rule (same bytes, same times),
+    and its plan seeds the checkpoint class, whose regions recompute inside their unit's
+    window; the result is judged on the sharded graph itself.
     """
+    fsdp = graph.sharding is not None and graph.sharding.strategy == "fsdp2"
+    if executor is None:
+        executor = "checkpoint" if fsdp else "op"
     if executor not in ("op", "checkpoint"):
         raise ValueError(f"executor must be 'op' or 'checkpoint', got {executor!r}")
+    if fsdp and executor == "op":
+        raise ValueError(
+            "executor: 'op' cannot run under FSDP2 (it calls ATen ops on the parameters, which "
+            "FSDP2's module hooks gather only around module calls); use executor='checkpoint'"
+        )
     si = info(solver or default_solver())
     checked = si.check_options(options)
     if executor == "checkpoint" and "offload" in checked and "offload" not in options:
         # the checkpoint executor does not offload: by default, do not plan for it
         checked = {**checked, "offload": False}
     problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
-    result = si.solve(problem, checked)
+    if fsdp:
+        relaxed = graph.model_copy(update={"sharding": None})
+        inner = Problem.build(relaxed, problem.budget_bytes, time_limit_s=time_limit_s,
+                              on_progress=progress)  # fmt: skip
+        result = si.solve(inner, checked)
+    else:
+        result = si.solve(problem, checked)
     if executor == "checkpoint":
         from remat.solver.checkpoint import restrict
 

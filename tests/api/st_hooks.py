@@ -8,14 +8,16 @@ graph; the service refuses it with a 422 naming the id, and schemathesis's
 ``positive_data_acceptance`` would count that as a schema-valid request rejected.
 
 For *positive* cases only, :func:`consistent` mends each generated graph the least it can (it
-drops dangling references and duplicate ids, gives a value the kind its producer implies), so
-the check asks what it should: is every graph the schema allows accepted? Negative cases are
-left as generated. Loaded by ``SCHEMATHESIS_HOOKS=st_hooks`` (with ``tests/api`` on the path)
+drops dangling references and duplicate ids, gives a value the kind its producer implies, makes
+a device's host link offload at the profile's host bandwidth), and each ``Idempotency-Key`` is
+made one no earlier request sent, so the check asks what it should: is every graph the schema
+allows accepted? Negative cases are left as generated. Loaded by ``SCHEMATHESIS_HOOKS=st_hooks`` (with ``tests/api`` on the path)
 for ``st run``, and by importing this module for the strategies in test_fuzz.py.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import schemathesis
@@ -70,7 +72,24 @@ def consistent(graph: dict[str, Any]) -> dict[str, Any]:
     g["values"], g["nodes"] = values, nodes
     if "required" in g:
         g["required"] = [r for r in g["required"] if r in known]
+    device = g.get("device")
+    if isinstance(device, dict) and isinstance(device.get("host_link"), dict):
+        # DeviceProfile: a host link's offload rate is the profile's host bandwidth (one
+        # figure stated twice, equal; JSON Schema cannot tie one field to another).
+        rate = device.get("host_bandwidth_bytes_per_s")
+        link = device["host_link"]
+        if rate is not None and "device_to_host_bytes_per_s" in link:
+            g["device"] = {**device, "host_link": {**link, "device_to_host_bytes_per_s": rate}}
     return g
+
+
+_sent = itertools.count()
+
+
+def _fresh_key(key: str) -> str:
+    """An Idempotency-Key no other request of this run sent: a key sent again with another
+    request is refused (422) by design, a rule between requests that no schema states."""
+    return f"{key[:180]}.{next(_sent):x}"
 
 
 @schemathesis.hook
@@ -78,6 +97,10 @@ def map_case(context: Any, case: Any) -> Any:
     meta = case.meta
     if meta is None or meta.generation.mode != GenerationMode.POSITIVE:
         return case
+    headers = case.headers or {}
+    for name in [h for h in headers if h.lower() == "idempotency-key"]:
+        if isinstance(headers[name], str):
+            headers[name] = _fresh_key(headers[name])
     body = case.body
     if not isinstance(body, dict):
         return case

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import remat
-from remat.ir import Graph, Plan, checkpoint_class
+from remat.ir import checkpoint_class
 
 WORLD = 2
 
@@ -31,15 +31,22 @@ def _build() -> tuple:
     return build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=2, n_heads=2, dropout=0.1)
 
 
-def _worker(rank: int, init_file: str, graph_json: str, plan_json: str, out_dir: str) -> None:
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    from remat import solver
+    from remat.tracer import capture
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         model, (idx,), loss_fn = _build()
         idx = (idx + rank) % 64  # each rank its own batch
-        graph = Graph.from_json(graph_json)
-        plan = Plan.model_validate_json(plan_json)
-        grads = {}
+        # Each rank captures and plans for itself (as a training script would): the op-level
+        # executor reuses that capture, so no process captures the step twice.
+        cap = capture(model, (idx,), loss_fn)
+        graph = cap.graph
+        plan = solver.get("checkpoint-all")(graph, 10**12).plan
+        assert plan is not None
+        grads: dict[str, object] = {"recomputes": plan.compute_counts().most_common(1)[0][1] > 1}
         for name in ("plain", "remat", "checkpoint"):
             m = copy.deepcopy(model)
             if name == "checkpoint":
@@ -47,7 +54,7 @@ def _worker(rank: int, init_file: str, graph_json: str, plan_json: str, out_dir:
                     warnings.simplefilter("ignore")
                     remat.apply(m, checkpoint_class.project(graph, plan), graph, mode="checkpoint")
             elif name == "remat":
-                remat.apply(m, plan, graph, loss_fn=loss_fn)  # forward returns the loss
+                remat.apply(m, plan, graph, loss_fn=loss_fn, capture=cap, example_inputs=(idx,))
             ddp = DDP(m)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
             torch.manual_seed(100 + rank)
@@ -65,27 +72,16 @@ def _worker(rank: int, init_file: str, graph_json: str, plan_json: str, out_dir:
 
 
 def test_apply_under_ddp_gives_identical_gradients(tmp_path: Path) -> None:
-    from remat import solver
-    from remat.tracer import capture
-
-    model, inputs, loss_fn = _build()
-    graph = capture(model, inputs, loss_fn).graph
-    result = solver.get("checkpoint-all")(graph, 10**12)
-    assert result.plan is not None and result.plan.compute_counts().most_common(1)[0][1] > 1
     mp.start_processes(
         _worker,
-        args=(
-            str(tmp_path / "init"),
-            graph.to_json(),
-            result.plan.model_dump_json(),
-            str(tmp_path),
-        ),
+        args=(str(tmp_path / "init"), str(tmp_path)),
         nprocs=WORLD,
         join=True,
         start_method="spawn",
     )
     r0 = torch.load(tmp_path / "rank0.pt")
     r1 = torch.load(tmp_path / "rank1.pt")
+    assert r0["recomputes"] and r1["recomputes"]  # the plan recomputes something
     for mode in ("remat", "checkpoint", "remat-params", "checkpoint-params"):
         plain = "plain-params" if mode.endswith("params") else "plain"
         assert r0[mode].keys() == r0[plain].keys()

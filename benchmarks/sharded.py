@@ -1,0 +1,265 @@
+"""Sharded-training benchmark: per-rank peak and step overhead under FSDP2, predicted and measured.
+
+Two parts.
+
+``measured``: a two-process gloo group on this CPU (``init_device_mesh("cpu", (2,))``, each
+decoder layer a ``fully_shard`` unit, then the root), small transformers models (a Llama and a
+GPT-2, random weights, nothing downloaded). Rows: FSDP2 with no checkpointing, full per-layer
+checkpointing (every layer a ``torch.utils.checkpoint`` region saving nothing: torchtitan's
+default), remat at full checkpointing's per-rank peak and at 50 % / 30 % (static bytes plus that
+share of the eager dynamic peak). Each plan is applied in checkpoint mode before ``fully_shard``,
+one SGD step warms up, and the second step's forward and backward are measured on every rank
+with remat's tracker (:func:`remat.executor.measure_sharded.measure_sharded`); the table gives
+the larger rank's peak beside the prediction of the per-rank graph
+(:func:`remat.ir.shard.shard_graph`).
+
+``planned``: Llama configurations of about 7B and 70B parameters (seq 4,096, batch 1, float32)
+traced on the meta device with the ``h100`` roofline (benchmarks/scale.py's cached graphs), at
+world sizes 8 and 64, every layer a unit: the same rows, predicted only. The collectives are
+priced on the profile's NVLink (no overlap with compute modelled). ``--big`` adds 70B's remat
+rows (the checkpoint-class search takes minutes per budget on its 8,438 nodes).
+
+Not run: ``torch.distributed._tools.sac_ilp.sac_milp`` needs ``SACEstimator``'s statistics, which
+aborted the process on this CPU under FakeTensorMode (FIELD-NOTES), and ``FSDPMemTracker``
+needs a CUDA device for its categories; both are left for a GPU machine.
+
+Usage::
+
+    .venv/bin/python benchmarks/sharded.py [--part measured,planned] [--big] [--time-limit 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import remat
+from remat.ir import Graph, Plan, checkpoint_class, eager_plan, format_bytes, simulate
+from remat.ir.shard import shard_graph
+from remat.ir.sharding import ShardingSpec
+
+WORLD = 2
+FRACTIONS = (0.5, 0.3)
+
+
+# -- the small models of the measured part -----------------------------------------------------
+
+
+def build(kind: str) -> tuple[Any, tuple[Any, ...], Any, tuple[str, ...]]:
+    """(model, inputs, loss_fn, units) of ``kind``: ``llama`` or ``gpt2``, seeded."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg: Any = transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            use_cache=False,
+        )
+        model: Any = transformers.LlamaForCausalLM(cfg)
+        units = tuple(f"model.layers.{i}" for i in range(4))
+    else:
+        cfg = transformers.GPT2Config(
+            vocab_size=256,
+            n_embd=64,
+            n_layer=4,
+            n_head=4,
+            n_positions=128,
+            use_cache=False,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        model = transformers.GPT2LMHeadModel(cfg)
+        units = tuple(f"transformer.h.{i}" for i in range(4))
+    model.train()
+    idx = torch.randint(0, 256, (4, 128))
+
+    def loss_fn(out: Any) -> torch.Tensor:
+        logits = out.logits
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx.reshape(-1))
+
+    return model, (idx,), loss_fn, units
+
+
+def full_checkpointing(graph: Graph, units: tuple[str, ...]) -> Plan:
+    """Every unit a checkpoint region saving only what it must (torchtitan's full AC)."""
+    return checkpoint_class.checkpoint_plan(
+        graph, [checkpoint_class.region(graph, u) for u in units]
+    )
+
+
+def _worker(
+    rank: int, port: int, kind: str, graph_json: str, plans: dict[str, str], out: str
+) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from remat.executor.measure_sharded import measure_sharded
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,))
+        model, (idx,), loss_fn, units = build(kind)
+        x = (idx + rank) % 256  # each rank its own batch
+        graph = Graph.from_json(graph_json)
+        peaks: dict[str, int] = {}
+        for name, plan_json in plans.items():
+            m = copy.deepcopy(model)
+            if plan_json:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    remat.apply(m, Plan.model_validate_json(plan_json), graph, mode="checkpoint")
+            for u in units:
+                fully_shard(m.get_submodule(u), mesh=mesh)
+            fully_shard(m, mesh=mesh)
+            opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+            def step(m: Any = m) -> None:
+                loss = loss_fn(m(x))
+                loss.backward()
+                del loss
+
+            step()
+            opt.step()
+            peaks[name] = measure_sharded(m, step, optimizer=opt, input_tensors=[x]).peak_bytes
+            opt.step()
+        Path(out, f"rank{rank}.json").write_text(json.dumps(peaks))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rows(
+    graph: Graph, units: tuple[str, ...], time_limit_s: float, solve: bool = True
+) -> list[dict[str, Any]]:
+    """The predicted rows of one per-rank graph: name, plan, peak, overhead, solve seconds."""
+    eager = simulate(graph, eager_plan(graph))
+    base = eager.total_time_s
+    rows: list[dict[str, Any]] = [
+        {"row": "FSDP2, no checkpointing", "plan": None, "peak": eager.peak_bytes, "overhead": 0.0}
+    ]
+    full = full_checkpointing(graph, units)
+    fs = simulate(graph, full)
+    rows.append(
+        {"row": "full per-layer checkpointing", "plan": full, "peak": fs.peak_bytes,
+         "overhead": fs.total_time_s / base - 1}
+    )  # fmt: skip
+    if not solve:
+        return rows
+    budgets: list[tuple[str, Any]] = [("remat at full's peak", fs.peak_bytes)]
+    budgets += [(f"remat at {f:.0%}", f) for f in FRACTIONS]
+    for label, budget in budgets:
+        t = time.perf_counter()
+        r = remat.solve(graph, budget, time_limit_s=time_limit_s)
+        rows.append(
+            {"row": label, "plan": r.plan, "peak": r.peak_bytes, "overhead": r.overhead,
+             "budget": r.budget_bytes, "fits": r.fits, "solve_s": time.perf_counter() - t}
+        )  # fmt: skip
+    return rows
+
+
+def measured(kind: str, time_limit_s: float) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    model, inputs, loss_fn, units = build(kind)
+    graph = remat.trace(model, inputs, loss_fn, cost="flops")
+    rank = shard_graph(graph, ShardingSpec(world_size=WORLD, units=units))
+    rows = _rows(rank, units, time_limit_s)
+    plans = {r["row"]: (r["plan"].model_dump_json() if r["plan"] is not None else "") for r in rows}
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(
+            _worker,
+            args=(_free_port(), kind, rank.to_json(), plans, out),
+            nprocs=WORLD,
+            join=True,
+            start_method="spawn",
+        )
+        per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    for r in rows:
+        r["measured"] = max(p[r["row"]] for p in per_rank)
+    return rows
+
+
+def planned(name: str, world: int, time_limit_s: float, solve: bool) -> list[dict[str, Any]]:
+    from scale import load_graph
+
+    graph, _ = load_graph(name)
+    units = tuple(p for p in checkpoint_class.blocks(graph) if p.startswith("model.layers."))
+    rank = shard_graph(graph, ShardingSpec(world_size=world, units=units))
+    return _rows(rank, units, time_limit_s, solve)
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> str:
+    head = "| row | budget | per-rank peak (predicted) | measured | error | overhead (predicted) |"
+    lines = [f"### {title}", "", head, "|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r.get("measured")
+        err = "" if m is None else f"{(r['peak'] - m) / m:+.2%}"
+        budget = "" if "budget" not in r else format_bytes(r["budget"])
+        if "fits" in r and not r["fits"]:
+            budget += " (no plan fits: smallest shown)"
+        lines.append(
+            f"| {r['row']} | {budget} | {format_bytes(r['peak'])} "
+            f"| {'' if m is None else format_bytes(m)} | {err} | {r['overhead']:+.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", default="measured,planned")
+    ap.add_argument("--big", action="store_true", help="also solve the 70B graphs (slow)")
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--json", metavar="PATH", help="write the rows (without plans) as JSON")
+    args = ap.parse_args()
+    parts = set(args.part.split(","))
+    out: dict[str, list[dict[str, Any]]] = {}
+    if "measured" in parts:
+        for kind in ("llama", "gpt2"):
+            out[f"{kind}, 2 CPU ranks (gloo), measured"] = measured(kind, args.time_limit)
+            print(_table(*list(out.items())[-1]), flush=True)
+    if "planned" in parts:
+        for name in ("llama7b", "llama70b"):
+            for world in (8, 64):
+                solve = name != "llama70b" or args.big
+                key = f"{name}, {world} ranks, h100, planned"
+                out[key] = planned(name, world, args.time_limit, solve)
+                print(_table(key, out[key]), flush=True)
+    if args.json:
+        slim = {
+            k: [{f: v for f, v in r.items() if f != "plan"} for r in rs] for k, rs in out.items()
+        }
+        Path(args.json).write_text(json.dumps(slim, indent=1))
+
+
+if __name__ == "__main__":
+    main()
