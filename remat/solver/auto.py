@@ -24,8 +24,11 @@
    made for larger budgets and offloaded down to this one where
    the link hides the copies (:func:`remat.solver.offload.combine`; all the time left where
    no MILP follows), then ``pofo`` with what is left, both skipped when a plan is already
-   within ``gap_tolerance`` of the eager time. On graphs where the MILP runs, it then has
-   that much less time.
+   within ``gap_tolerance`` of the eager time; on graphs of up to ``poet``'s default
+   ``max_nodes`` (16) nodes, then ``poet`` (the exact MILP of recomputation and paging per
+   value, Patil et al. 2022) with half the time left, so that on tiny graphs the answer is
+   the optimum over poet's class. On graphs where the MILP runs, it then has that much less
+   time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -53,7 +56,7 @@ as ``min_budget_bytes`` and the proven lower bound on any plan's peak as
 References
 ----------
 See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumont et al. 2021
-(POFO); Jain et al. 2020 (Checkmate); Kirisame et al. 2021 (DTR).
+(POFO); Jain et al. 2020 (Checkmate); Kirisame et al. 2021 (DTR); Patil et al. 2022 (POET).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
 from remat.solver.offload import combine, combined_bound, offload_pass
+from remat.solver.poet import DEFAULT_MAX_NODES as POET_MAX_NODES
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 600
@@ -295,6 +299,11 @@ def solve_auto(
                 start_plans=_plans(results, fitting_only=False, only="rotor"),
                 combine=False,
             )
+        if graph.num_nodes <= POET_MAX_NODES and problem.time_left_s() > 0.1:
+            # the exact MILP of recomputation and paging on tiny graphs (seconds at 16
+            # nodes): the combined answer is then the optimum over poet's class, whose plans
+            # include Checkmate's; half the time left, the rest for the milp after it
+            run("poet", max(0.1, 0.5 * problem.time_left_s()), offload=True)
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",
