@@ -95,3 +95,12 @@ def test_host_evicting_plans_are_valid_and_stay_within_a_small_host_budget(
     on, off = (solver.solve(g, b, solver="dtr", offload=o) for o in (True, False))
     assert off.fits <= on.fits  # never loses a plan, never slower
     assert not off.fits or (on.total_time_s or 0.0) <= (off.total_time_s or 0.0) * (1 + 1e-9)
+
+
+def test_auto_is_never_slower_than_dtr_evicting_to_the_host() -> None:
+    g = _with_link(chain(32), FAST)
+    b = _budget(g, 0.3)
+    d = solver.solve(g, b, solver="dtr", combine=False)
+    r = solver.solve(g, b, time_limit_s=2)
+    assert d.fits and r.fits and d.total_time_s is not None and r.total_time_s is not None
+    assert r.total_time_s <= d.total_time_s * (1 + 1e-9), r.message
