@@ -383,7 +383,10 @@ class _Planner:
         for k in range(len(self.f.node_id)):
             self.target = k
             if h is not None:
-                for v in h.due(k, self.now, self.f.node_time[k], self.resident):
+                # early prefetches only into free memory: evicting for them thrashed (the
+                # 7B Llama step at 15% found no plan); a read brings back what waited
+                room = self.limit - self.cur - self.f.node_ws[k]
+                for v in h.due(k, self.now, self.f.node_time[k], self.resident, room):
                     if not self.resident[v]:
                         self._prefetch(v)
             self._materialize(k)
@@ -524,8 +527,12 @@ def solve_dtr(
 
     def search(host: HostOrder | None) -> bool:
         """Bisect for the highest internal limit that fits; whether one did."""
-        first = len(attempts)
+        first, thrash0 = len(attempts), thrashed
         if not fits(limit, host) and limit > 0:
+            if host is not None and thrashed > thrash0:
+                # evicting to the host thrashed at the budget itself: at lower limits it did
+                # too (4.5 s a run on the 7B Llama step at 15%, 52 s for the bisection)
+                return False
             # bisect a lower internal limit (down to half the room) for the highest that
             # fits: a plan of a lower limit evicts earlier and can get through where the
             # first found nothing to evict

@@ -131,10 +131,14 @@ class HostLane:
         self.inserts.append((at, v))
         return True
 
-    def due(self, target: int, now: float, node_s: float, resident: list[bool]) -> list[int]:
+    def due(
+        self, target: int, now: float, node_s: float, resident: list[bool], room: int
+    ) -> list[int]:
         """The values on the host whose prefetch must be issued before node ``target`` runs:
         issued after it (at ``now + node_s``) it would end less than its lead before the
-        read. Stale entries (values back on the device) are dropped."""
+        read; in next-read order, as long as they fit in ``room`` free bytes (one that does
+        not waits, at the latest until its read brings it back). Stale entries (values back
+        on the device) are dropped."""
         out: list[int] = []
         while self.waiting:
             u, v = self.waiting[0]
@@ -143,9 +147,10 @@ class HostLane:
                 continue
             read_at = now + self.ahead[u] - self.ahead[target]
             later = max(self.h2d_free, now + node_s, self.host_done[v])
-            if later + PREFETCH_LEAD * self.h2d_s[v] <= read_at:
+            if later + PREFETCH_LEAD * self.h2d_s[v] <= read_at or self.size[v] > room:
                 break
             heapq.heappop(self.waiting)
+            room -= self.size[v]
             out.append(v)
         return out
 
