@@ -19,13 +19,18 @@
    their plans.
 5. With offloading (by default on a device whose profile has a host link with a host memory
    budget, as the datasheet profiles do; ``offload=False`` turns it off): the recompute-only
-   methods run first with the shares they have without it; then, before the MILP,
-   :data:`OFFLOAD_SHARE` of the time for recompute-only plans (``hierarchical``, ``dtr``)
-   made for larger budgets and offloaded down to this one where
-   the link hides the copies (:func:`remat.solver.offload.combine`; all the time left where
-   no MILP follows), then ``pofo`` with what is left, both skipped when a plan is already
-   within ``gap_tolerance`` of the eager time. On graphs where the MILP runs, it then has
-   that much less time.
+   methods run first with the shares they have without it; then, before the MILP, ``dtr``
+   evicting to the host inside its loop where the link hides the round trip (Capuchin-style,
+   Peng et al. 2020; :data:`DTR_HOST_SHARE` of the time), then :data:`OFFLOAD_SHARE` of the
+   time for recompute-only plans (``hierarchical``, ``dtr``) made for larger budgets and
+   offloaded down to this one where the link hides the copies
+   (:func:`remat.solver.offload.combine`; all the time left where no MILP follows), then
+   ``pofo`` with what is left, all skipped when a plan is already
+   within ``gap_tolerance`` of the eager time; on graphs of up to ``poet``'s default
+   ``max_nodes`` (16) nodes, then ``poet`` (the exact MILP of recomputation and paging per
+   value, Patil et al. 2022) with half the time left, so that on tiny graphs the answer is
+   the optimum over poet's class. On graphs where the MILP runs, it then has that much less
+   time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -53,7 +58,8 @@ as ``min_budget_bytes`` and the proven lower bound on any plan's peak as
 References
 ----------
 See the solvers it runs: Chen et al. 2016; Herrmann et al. 2019 (rotor); Beaumont et al. 2021
-(POFO); Jain et al. 2020 (Checkmate); Kirisame et al. 2021 (DTR).
+(POFO); Jain et al. 2020 (Checkmate); Kirisame et al. 2021 (DTR); Peng et al. 2020
+(Capuchin); Patil et al. 2022 (POET).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
 from remat.solver.offload import combine, combined_bound, offload_pass
+from remat.solver.poet import DEFAULT_MAX_NODES as POET_MAX_NODES
 from remat.solver.problem import Problem
 
 MILP_MAX_NODES = 600
@@ -96,6 +103,10 @@ OFFLOAD_SHARE = 0.25
 :func:`remat.solver.offload.combine` (recompute-only plans for larger budgets, offloaded down
 to the budget), which runs after the recompute-only methods; on graphs above
 :data:`MILP_LAST_NODES` nodes, where no MILP follows, it has all the time left."""
+
+DTR_HOST_SHARE = 0.15
+"""With offloading, the share of the time limit for ``dtr`` evicting to the host inside its loop
+(Capuchin-style), which runs first among the offloading methods."""
 
 DTR_NEXT_USE = "dtr/next-use"
 """``auto``'s name for its second ``dtr`` run, scored by the distance to the next read."""
@@ -280,11 +291,17 @@ def solve_auto(
             run(name, share)
     stopped = stopped or close_enough()
     if offload and problem.time_left_s() > 0.1 and not _near_eager(results, base, gap_tolerance):
+        # dtr evicting to the host inside its loop first (seconds on 8,000 nodes; its own
+        # combination is off: the one below is auto's)
+        run("dtr", max(0.1, min(problem.time_left_s(), DTR_HOST_SHARE * limit)),
+            offload=True, combine=False)  # fmt: skip
         # its share, or all the time left where no MILP runs after it
         left = problem.time_left_s()
         share = left if graph.num_nodes > MILP_LAST_NODES else min(left, OFFLOAD_SHARE * limit)
-        _combine(problem, results, max(0.1, share))
-        if problem.time_left_s() > 0.1:
+        near = _near_eager(results, base, gap_tolerance)
+        if not near:
+            _combine(problem, results, max(0.1, share))
+        if not near and problem.time_left_s() > 0.1:
             # pofo after it: its plans lost to the combination on every model of
             # benchmarks/offload.py, and before it, it took the time the combination needs
             # (7B Llama at 10%: +29.8% with pofo first, +17.1% without); it keeps rotor's
@@ -295,6 +312,11 @@ def solve_auto(
                 start_plans=_plans(results, fitting_only=False, only="rotor"),
                 combine=False,
             )
+        if graph.num_nodes <= POET_MAX_NODES and problem.time_left_s() > 0.1:
+            # the exact MILP of recomputation and paging on tiny graphs (seconds at 16
+            # nodes): the combined answer is then the optimum over poet's class, whose plans
+            # include Checkmate's; half the time left, the rest for the milp after it
+            run("poet", max(0.1, 0.5 * problem.time_left_s()), offload=True)
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",

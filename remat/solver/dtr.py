@@ -40,10 +40,23 @@ nothing to evict: the values in use by the pending computes fill the budget), it
 with a lower internal budget, in a short bisection, and the fastest plan that fits is
 returned, else the one with the smallest peak, reported infeasible.
 
+With ``offload`` (default: on a device with a host link and a host memory budget), eviction may
+also go to the host, Capuchin-style (Peng et al. 2020; :mod:`remat.solver.dtr_host`): a
+candidate whose next read is far enough that a round trip on the link hides under the compute
+until then, whose copy (placed back after its last read, behind the copies already queued)
+ends by the compute that needs the room, within the host budget, is offloaded instead of
+dropped, and prefetched early enough before its next read; such candidates go before every
+value that would be dropped, the longest idle first. The same bisection runs with it; the
+plans of DTR for larger budgets, offloaded down to this one by the post-pass
+(:func:`remat.solver.offload.combine`), compete too, and the fastest simulated plan wins.
+
 References
 ----------
 M. Kirisame, S. Lyubomirsky, A. Haan, J. Brennan, M. He, J. Roesch, T. Chen, Z. Tatlock.
 "Dynamic Tensor Rematerialization." ICLR 2021.
+
+X. Peng, X. Shi, H. Dai, H. Jin, W. Ma, Q. Xiong, F. Yang, X. Qian. "Capuchin: Tensor-based GPU
+Memory Management for Deep Learning." ASPLOS 2020.
 """
 
 from __future__ import annotations
@@ -63,13 +76,19 @@ from remat.ir.plan import Step, StepOp, step_maker
 from remat.ir.result import SolveResult, best_result
 from remat.solver.base import SolverOptions, register
 from remat.solver.deadline import Deadline, Expired, judging_s
-from remat.solver.offload import combine
+from remat.solver.dtr_facts import Facts
+from remat.solver.dtr_host import HostLane, HostOrder
+from remat.solver.offload import combine as combine_plans
 from remat.solver.problem import Problem
 
 Heuristic = Literal["dtr", "next-use"]
 
 SCAN_ALL = 128
 """Up to this many eviction candidates are all scored; above, a sample of them."""
+
+NEAR_EAGER = 0.01
+"""With offloading, the post-pass on plans for larger budgets is skipped when a plan is already
+within this share of the eager time."""
 
 MAX_ATTEMPTS = 6
 """Planner runs at most: the budget itself, then a bisection of lower internal budgets."""
@@ -114,89 +133,11 @@ class DtrOptions(SolverOptions):
         description="Also evict to the host where the link hides the round trip (default: "
         "when the graph's device has a host link with a host memory budget).",
     )
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What the planner reads per value and node, as flat lists indexed by integers."""
-
-    num_values: int
-    size: list[int]
-    producer: list[int]  # node index, -1 for inputs and static values
-    cost: list[float]  # time of the producer
-    uses: list[list[int]]  # node indices reading the value, ascending
-    node_in: list[tuple[int, ...]]  # dynamic inputs (inputs of the step excluded)
-    node_out: list[tuple[int, ...]]  # dynamic outputs
-    node_time: list[float]
-    node_ws: list[int]
-    node_id: list[str]
-    value_id: list[str]
-    backward: list[bool]  # made by a backward node
-    pinned_until: list[int]  # the value may not be evicted before this node index
-    last_use: list[int]  # the value is dead after this node index (inf: required)
-    input_bytes: int
-
-    @classmethod
-    def of(cls, graph: Graph) -> _Facts:
-        static = graph.static_ids()
-        vid = [v.id for v in graph.values if v.id not in static and v.kind != "input"]
-        vix = {v: i for i, v in enumerate(vid)}
-        size_map = graph.size_map()
-        size = [size_map[v] for v in vid]
-        nodes = graph.nodes
-        producer = [-1] * len(vid)
-        uses: list[list[int]] = [[] for _ in vid]
-        node_in: list[tuple[int, ...]] = []
-        node_out: list[tuple[int, ...]] = []
-        for k, n in enumerate(nodes):
-            ins = tuple(dict.fromkeys(vix[x] for x in n.inputs if x in vix))
-            outs = tuple(vix[o] for o in n.outputs if o in vix)
-            node_in.append(ins)
-            node_out.append(outs)
-            for x in ins:
-                uses[x].append(k)
-            for o in outs:
-                producer[o] = k
-        cost = [nodes[p].time_s if p >= 0 else 0.0 for p in producer]
-        required = graph.required_set()
-        inf = len(nodes) + 1
-        last_use = [
-            inf if vid[v] in required else (uses[v][-1] if uses[v] else producer[v])
-            for v in range(len(vid))
-        ]
-        pinned_until = [inf if vid[v] in required else -1 for v in range(len(vid))]
-        # A value made by a node that cannot run again must stay until nothing that may be
-        # recomputed from it is needed any more: the last need of any value downstream of it
-        # through recomputable producers.
-        reach = list(last_use)
-        for k in range(len(nodes) - 1, -1, -1):
-            if not nodes[k].recomputable:
-                continue
-            far = max((reach[o] for o in node_out[k]), default=-1)
-            for x in node_in[k]:
-                if far > reach[x]:
-                    reach[x] = far
-        for k, n in enumerate(nodes):
-            if not n.recomputable:
-                for o in node_out[k]:
-                    pinned_until[o] = last_use[o] = max(last_use[o], reach[o])
-        return cls(
-            num_values=len(vid),
-            size=size,
-            producer=producer,
-            cost=cost,
-            uses=uses,
-            node_in=node_in,
-            node_out=node_out,
-            node_time=[n.time_s for n in nodes],
-            node_ws=[n.workspace_bytes for n in nodes],
-            node_id=[n.id for n in nodes],
-            value_id=vid,
-            backward=[p >= 0 and nodes[p].phase == "backward" for p in producer],
-            pinned_until=pinned_until,
-            last_use=last_use,
-            input_bytes=graph.input_bytes,
-        )
+    combine: bool = Field(
+        True,
+        description="With offload, also DTR's plans for larger budgets offloaded down to this "
+        "one (auto turns it off: it combines itself).",
+    )
 
 
 class _Planner:
@@ -204,7 +145,7 @@ class _Planner:
 
     def __init__(
         self,
-        facts: _Facts,
+        facts: Facts,
         limit_bytes: int,
         make: Callable[[StepOp, str], Step],
         *,
@@ -212,8 +153,10 @@ class _Planner:
         sample: int,
         backward_last: bool,
         deadline: Deadline,
+        host: HostLane | None = None,
     ) -> None:
         self.f = facts
+        self.host = host
         self.limit = limit_bytes
         self.make = make
         self.heuristic = heuristic
@@ -233,6 +176,9 @@ class _Planner:
         self.rng = random.Random(0)
         self.stuck = False
         self.max_computes = MAX_RUNS_PER_NODE * max(1, len(facts.node_id))
+        self.now = 0.0  # stall-free compute clock
+        self.ready = [0.0] * n  # clock when each value was last made
+        self.at = [-1] * n  # plan position of each value's last read or make
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -286,22 +232,35 @@ class _Planner:
         else:
             k = max(self.sample, math.isqrt(len(cands)))
             pool = [cands[self.rng.randrange(len(cands))] for _ in range(k)]
+        best_host = False
         for v in pool:
             if self.pins[v]:
                 continue
-            s = self._score(v)
+            s, to_host = self._rank(v)
             if s < best_score:
-                best, best_score = v, s
+                best, best_score, best_host = v, s, to_host
         if best < 0 and pool is not cands:
             for v in cands:
                 if not self.pins[v]:
-                    s = self._score(v)
+                    s, to_host = self._rank(v)
                     if s < best_score:
-                        best, best_score = v, s
+                        best, best_score, best_host = v, s, to_host
         if best < 0:
             return False
-        self._free(best)
+        if best_host:
+            self._to_host(best)
+        else:
+            self._free(best)
         return True
+
+    def _rank(self, v: int) -> tuple[float, bool]:
+        """``v``'s score, and whether it would go to the host: then a negative rank (no
+        recomputation, only link time: before every value that would be dropped)."""
+        s = self._score(v)
+        h = self.host
+        if h is not None and h.can_offload(v, self.target, self.now, self.ready[v], self.at[v]):
+            return h.rank(v, self.target, s), True
+        return s, False
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -309,7 +268,33 @@ class _Planner:
         self.resident[v] = False
         self.cur -= self.f.size[v]
         self._drop_cand(v)
+        if self.host is not None:
+            self.host.release(v, len(self.steps))
         self.steps.append(self.make("free", self.f.value_id[v]))
+
+    def _to_host(self, v: int) -> None:
+        """Evict ``v`` to the host: its offload placed back after its last read (or at once,
+        without a transfer, when its host copy is valid)."""
+        assert self.host is not None
+        self.resident[v] = False
+        self.cur -= self.f.size[v]
+        self._drop_cand(v)
+        if not self.host.offload(v, self.target, self.ready[v], self.at[v]):
+            self.steps.append(self.make("offload", self.f.value_id[v]))
+
+    def _prefetch(self, v: int) -> None:
+        """Bring ``v`` back from the host, after making room for it."""
+        assert self.host is not None
+        size = self.f.size[v]
+        while self.cur + size > self.limit:
+            if not self._evict_one():
+                self.stuck = True
+                break
+        self.at[v] = len(self.steps)
+        self.steps.append(self.make("prefetch", self.f.value_id[v]))
+        self.host.prefetch(v, self.now)
+        self.resident[v] = True
+        self.cur += size
 
     def _settle(self, v: int) -> None:
         """After a compute read or made ``v``: free it if dead, else offer it for eviction."""
@@ -330,7 +315,9 @@ class _Planner:
             if not self._evict_one():
                 self.stuck = True
                 break
+        at = len(self.steps)
         self.steps.append(self.make("compute", f.node_id[k]))
+        self.now += f.node_time[k]
         self.clock += 1
         if self.clock % CHECK_EVERY == 0:
             self.deadline.check("dtr")
@@ -341,8 +328,11 @@ class _Planner:
                 self.resident[o] = True
                 self.cur += f.size[o]
             self.last[o] = self.clock
+            self.ready[o] = self.now
+            self.at[o] = at
         for x in f.node_in[k]:
             self.last[x] = self.clock
+            self.at[x] = at
         return made
 
     def _materialize(self, k: int) -> None:
@@ -361,7 +351,10 @@ class _Planner:
                 elif missing < 0:
                     missing = x
             if missing >= 0:
-                stack.append((f.producer[missing], []))
+                if self.host is not None and self.host.hosted[missing]:
+                    self._prefetch(missing)  # on the host: back rather than recomputed
+                else:
+                    stack.append((f.producer[missing], []))
                 continue
             stack.pop()
             made = self._compute(node)
@@ -386,10 +379,30 @@ class _Planner:
                 self._settle(o)
 
     def run(self) -> Plan:
+        h = self.host
         for k in range(len(self.f.node_id)):
             self.target = k
+            if h is not None:
+                # early prefetches only into free memory: evicting for them thrashed (the
+                # 7B Llama step at 15% found no plan); a read brings back what waited
+                room = self.limit - self.cur - self.f.node_ws[k]
+                for v in h.due(k, self.now, self.f.node_time[k], self.resident, room):
+                    if not self.resident[v]:
+                        self._prefetch(v)
             self._materialize(k)
-        return Plan(steps=tuple(self.steps))
+        if h is None or not h.inserts:
+            return Plan(steps=tuple(self.steps))
+        # the offloads placed back, each right after the step of its position
+        steps: list[Step] = []
+        j = 0
+        ins = h.inserts
+        for i, st in enumerate(self.steps):
+            steps.append(st)
+            while j < len(ins) and ins[j][0] == i:
+                steps.append(self.make("offload", self.f.value_id[ins[j][1]]))
+                j += 1
+        assert j == len(ins)
+        return Plan(steps=tuple(steps))
 
 
 @dataclass(frozen=True)
@@ -408,10 +421,18 @@ def dtr_plan(
     sample: int = 32,
     backward_last: bool = True,
     deadline: Deadline | None = None,
+    to_host: HostOrder | None = None,
 ) -> tuple[Plan, bool]:
     """The DTR policy's plan under ``limit_bytes`` dynamic bytes, and whether every allocation
-    found room (False: the plan peaks above the limit)."""
-    facts = graph.memo("dtr.facts", lambda: _Facts.of(graph))
+    found room (False: the plan peaks above the limit); with ``to_host``, evicting to the host
+    over the graph's link where it hides the round trip, those candidates ranked in that order
+    (:mod:`remat.solver.dtr_host`)."""
+    facts = graph.memo("dtr.facts", lambda: Facts.of(graph))
+    lane = (
+        HostLane(graph.link, facts.size, facts.uses, facts.node_time, order=to_host)
+        if to_host is not None
+        else None
+    )
     p = _Planner(
         facts,
         limit_bytes,
@@ -420,6 +441,7 @@ def dtr_plan(
         sample=sample,
         backward_last=backward_last,
         deadline=deadline if deadline is not None else Deadline(None),
+        host=lane,
     )
     return p.run(), not p.stuck
 
@@ -437,6 +459,7 @@ def solve_dtr(
     sample: int = 32,
     backward_last: bool = True,
     offload: bool | None = None,
+    combine: bool = True,
 ) -> SolveResult:
     """Plan the step with DTR's eviction policy (see the module docstring).
 
@@ -453,12 +476,17 @@ def solve_dtr(
         gradient is costly to remake: its recomputation reaches back through the backward
         pass to the loss). Off: every value competes on its score alone, as in the paper.
     offload
-        Also evict values to the host, Capuchin-style: where a value's next use is far enough
-        that the link hides its round trip, and the link is free then (the simulator shows no
-        added time). Done on DTR's plans for larger budgets, whose evictions to the host
-        bring them down to this one (:func:`remat.solver.offload.combine`); the fastest plan
-        wins. Default (None): on when the graph's device has a host link with a host memory
-        budget.
+        Also evict values to the host, Capuchin-style: inside the eviction loop, where a
+        candidate's next use is far enough that the link hides its round trip and its copy
+        ends by the compute that needs the room (within the host budget), it is offloaded and
+        prefetched before that use instead of dropped; and on DTR's plans for larger
+        budgets, offloaded down to this one (:func:`remat.solver.offload.combine`). The
+        fastest plan wins, so it is never slower than without. Not on a link whose copies
+        hold the compute stream. Default (None): on when the graph's device has a host link
+        with a host memory budget.
+    combine
+        With ``offload``, also offload DTR's plans for larger budgets down to this one (skipped
+        when a plan is within 1% of the eager time). ``auto`` turns it off: it combines itself.
 
     References
     ----------
@@ -473,8 +501,12 @@ def solve_dtr(
     limit = problem.budget_bytes - problem.static_bytes
     attempts: list[_Attempt] = []
     thrashed = 0
+    if offload is None:
+        offload = graph.device is not None and graph.device.can_offload
+    # copies that hold the compute stream hide under nothing: no eviction to the host then
+    to_host = bool(offload) and graph.link.overlaps_compute
 
-    def fits(lim: int) -> bool:
+    def fits(lim: int, host: HostOrder | None) -> bool:
         nonlocal thrashed
         try:
             plan, _ = dtr_plan(
@@ -484,6 +516,7 @@ def solve_dtr(
                 sample=sample,
                 backward_last=backward_last,
                 deadline=deadline,
+                to_host=host,
             )
         except Thrashing:
             thrashed += 1
@@ -492,9 +525,14 @@ def solve_dtr(
         attempts.append(a)
         return a.result.fits
 
-    timed_out = False
-    try:
-        if not fits(limit) and limit > 0:
+    def search(host: HostOrder | None) -> bool:
+        """Bisect for the highest internal limit that fits; whether one did."""
+        first, thrash0 = len(attempts), thrashed
+        if not fits(limit, host) and limit > 0:
+            if host is not None and thrashed > thrash0:
+                # evicting to the host thrashed at the budget itself: at lower limits it did
+                # too (4.5 s a run on the 7B Llama step at 15%, 52 s for the bisection)
+                return False
             # bisect a lower internal limit (down to half the room) for the highest that
             # fits: a plan of a lower limit evicts earlier and can get through where the
             # first found nothing to evict
@@ -503,10 +541,20 @@ def solve_dtr(
                 mid = (lo + hi) // 2
                 if hi - lo <= max(1, limit // 1000):
                     break
-                if fits(mid):
+                if fits(mid, host):
                     lo = mid
                 else:
                     hi = mid
+        return any(a.result.fits for a in attempts[first:])
+
+    timed_out = False
+    try:
+        search(None)
+        # evicting to the host inside the loop, the longest idle values first (Capuchin's
+        # free time); by DTR's score only where that finds no plan (it thrashed on a U-Net
+        # at 30%, where the score gave +6.0%); the fastest plan wins
+        if to_host and not search("far"):
+            search("score")
     except Expired:
         timed_out = True
     tries = len(attempts) + thrashed
@@ -524,9 +572,9 @@ def solve_dtr(
             message=f"the DTR planner {why}",
         )
     results = [a.result for a in attempts]
-    if offload is None:
-        offload = graph.device is not None and graph.device.can_offload
-    if offload and not timed_out and not deadline.expired():
+    near = best_result(results)
+    near_eager = near is not None and near.fits and (near.overhead or 0.0) <= NEAR_EAGER
+    if combine and offload and not near_eager and not timed_out and not deadline.expired():
 
         def dtr_at(budget_bytes: int, dl: Deadline) -> Plan | None:
             try:
@@ -542,7 +590,9 @@ def solve_dtr(
                 return None
             return plan
 
-        for plan in combine(problem, dtr_at, deadline=deadline.share(0.5)):
+        # it took 28 s of a 60 s limit on a random DAG of 20,953 nodes (where the loop's
+        # plan was +0.14%): skipped within NEAR_EAGER of the eager time
+        for plan in combine_plans(problem, dtr_at, deadline=deadline.share(0.5)):
             results.append(problem.result(plan, solver="dtr", started=t0))
     best = best_result(results)
     assert best is not None

@@ -84,7 +84,7 @@ def test_sampled_candidates_on_a_larger_step() -> None:
     # more than SCAN_ALL candidates at once: the sampled path plans within the budget
     g = transformer(24, d_model=64, seq_len=32, batch_size=4, vocab_size=64)
     b = frac_budget(g, 0.5)
-    facts = dtr._Facts.of(g)
+    facts = dtr.Facts.of(g)
     assert facts.num_values > 4 * dtr.SCAN_ALL
     r = solver.get("dtr")(g, b, sample=8)
     assert r.status == "feasible" and r.peak_bytes is not None and r.peak_bytes <= b

@@ -1,0 +1,44 @@
+"""``auto`` with offloading on tiny graphs: ``poet`` runs among its methods, so the combined
+answer is the optimum over poet's class of recomputation and paging."""
+
+from __future__ import annotations
+
+import pytest
+from _graphs import random_step
+from test_offload import _with_link
+
+import remat
+from remat import solver
+from remat.ir import HostLink, simulate
+
+FAST = HostLink(
+    device_to_host_bytes_per_s=1e12, host_to_device_bytes_per_s=1e12, host_memory_bytes=64
+)
+
+
+@pytest.mark.parametrize(("seed", "ops"), [(0, 3), (3, 2), (6, 3)])
+def test_auto_reaches_poets_optimum_below_the_recompute_only_floor(seed: int, ops: int) -> None:
+    g = _with_link(random_step(seed, ops), FAST)
+    floor = solver.solve(g, 0.01, solver="milp").min_budget_bytes
+    assert floor is not None
+    budget = floor - 4
+    poet = solver.solve(g, budget, solver="poet")
+    assert poet.fits and poet.total_time_s is not None
+    r = remat.solve(g, budget)
+    assert r.fits and r.plan is not None, r.message
+    assert simulate(g, r.plan).peak_bytes <= budget
+    assert r.total_time_s == pytest.approx(poet.total_time_s, rel=1e-9), r.message
+    assert "poet" in r.message
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_auto_is_never_slower_than_poet(seed: int) -> None:
+    g = _with_link(random_step(seed, 3), FAST)
+    peak = simulate(g, remat.ir.eager_plan(g)).peak_bytes
+    for b in range(peak - 4, g.static_bytes + g.input_bytes - 1, -12):
+        poet = solver.solve(g, b, solver="poet")
+        r = remat.solve(g, b)
+        assert r.fits == poet.fits or r.fits, b
+        if poet.fits:
+            assert r.total_time_s is not None and poet.total_time_s is not None
+            assert r.total_time_s <= poet.total_time_s * (1 + 1e-9), (b, r.message)
