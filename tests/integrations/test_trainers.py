@@ -307,3 +307,44 @@ def test_enable_in_checkpoint_mode_with_the_configs_cache_default_on(tiny_llama:
     assert applied_plan(planned) is None
     remat.disable(planned)
     assert {path for path, m in planned.named_modules() if "forward" in m.__dict__} == own
+
+
+def test_enable_returns_the_logits_in_op_mode_counted_until_the_backward() -> None:
+    """return_outputs=True: the training call returns the plain model's loss and logits bit
+    for bit; every plan holds the logits until the backward part and the tracker measures the
+    predicted peak (less the loss's 4-byte incoming gradient, which the graph holds from the
+    start and autograd makes at backward, where the peak is in the forward part); a loss on
+    the returned logits is refused, never silently given no gradient."""
+    from remat.executor import measure
+    from remat.executor.opexec import forward_cut
+
+    plain = tiny_gpt2().train()
+    planned = copy.deepcopy(plain)
+    remat.enable(planned, budget="50%", time_limit_s=2, return_outputs=True)
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    torch.manual_seed(5)
+    got = planned(**batch)
+    torch.manual_seed(5)
+    want = plain(**batch)
+    assert torch.equal(got.loss, want.loss) and torch.equal(got.logits, want.logits)
+    got.loss.backward()
+    want.loss.backward()
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), n
+    (step,) = remat.executor.planned_steps(planned)
+    cap, sim = step.capture, step.simulation
+    logits = cap.fx_value[cap.returned_fx[0].name]
+    assert all(logits in n.inputs for n in cap.graph.nodes if cap.tangent_value in n.inputs)
+    cut = forward_cut(cap, step.plan)
+    tangent = cap.graph.value(cap.tangent_value).size_bytes
+    timeline = sim.timeline_bytes
+    expected = max(max(timeline[:cut]) - tangent, max(timeline[cut:]))
+    planned.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    measured = measure(planned, batch, lambda o: o.loss).peak_dynamic_bytes
+    assert measured == expected and sim.peak_dynamic_bytes - measured in (0, tangent)
+    out = planned(**batch)
+    with pytest.raises(remat.RematError, match="reads the model's returned outputs"):
+        (out.loss + out.logits.sum()).backward()
+
