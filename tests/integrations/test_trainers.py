@@ -348,3 +348,44 @@ def test_enable_returns_the_logits_in_op_mode_counted_until_the_backward() -> No
     with pytest.raises(remat.RematError, match="reads the model's returned outputs"):
         (out.loss + out.logits.sum()).backward()
 
+
+def test_trainer_bf16_on_the_cpu_in_both_modes(tmp_path: Path) -> None:
+    """TrainingArguments(bf16=True, use_cpu=True): Accelerate runs the forward under CPU bf16
+    autocast; the capture sees it (the graph holds bf16 values), the plan runs its traced
+    casts, and the losses and weights equal the plain model's under the same autocast."""
+    plain = tiny_gpt2()
+    ref, _ = _train(copy.deepcopy(plain), tmp_path / "plain", bf16=True)
+    for mode, budget in (("op", "50%"), ("checkpoint", "70%")):
+        planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=2, mode=mode)
+        got, _ = _train(planned, tmp_path / mode, bf16=True)
+        assert len(got) == STEPS and got == ref, mode
+        if mode == "op":
+            (step,) = remat.executor.planned_steps(planned)
+        else:
+            from remat.executor.checkpoint_calls import per_call_results
+
+            (step,) = per_call_results(planned)
+        assert any(v.dtype == "bfloat16" for v in step.graph.values), mode
+
+
+def test_accelerate_bf16_on_the_cpu() -> None:
+    accelerate = _need("accelerate")
+    plain = tiny_gpt2().train()
+    planned = remat.enable(copy.deepcopy(plain), budget="50%", time_limit_s=2)
+    losses: dict[str, list[float]] = {}
+    for name, model in (("plain", plain), ("remat", planned)):
+        acc = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.utils.data.DataLoader(Rows(n=4), batch_size=2)
+        model_, opt_, data_ = acc.prepare(model, opt, data)
+        torch.manual_seed(SEED)
+        losses[name] = []
+        for batch in data_:
+            loss = model_(**batch).loss
+            acc.backward(loss)
+            opt_.step()
+            opt_.zero_grad()
+            losses[name].append(loss.item())
+    assert len(losses["remat"]) == 2 and losses["remat"] == losses["plain"]
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p, q), n
