@@ -45,6 +45,7 @@ def enable(
     loss_fn: Any = None,
     allow_over_budget: bool = False,
     mode: str = "op",
+    return_outputs: bool = False,
     **solve_options: Any,
 ) -> nn.Module:
     """Plan ``model``'s training step under ``budget`` at its first training call, and run it.
@@ -74,6 +75,14 @@ def enable(
         ``executor="checkpoint"``), run as ``torch.utils.checkpoint`` regions around the
         model's own blocks (:mod:`remat.executor.checkpoint_calls`); the ``forward`` returns
         the model's own output even with a ``loss_fn``.
+    return_outputs
+        Op mode, a model that returns its own loss in a ``ModelOutput``: the training
+        ``forward`` returns its other tensors too (the logits), held by every plan until the
+        backward part begins and counted in its peak; they carry no gradient path (a loss
+        computed on them is refused in backward). Off by default (the logits are then None):
+        Trainer, Accelerate and Lightning read only the loss in training, and the logits'
+        storage would otherwise be free before the forward's end. Checkpoint mode always
+        returns the model's own output.
 
     Returns
     -------
@@ -116,7 +125,7 @@ def enable(
         )
         return result
 
-    apply(model, None, loss_fn=loss_fn, replan=replan, mode=mode)
+    apply(model, None, loss_fn=loss_fn, replan=replan, mode=mode, return_outputs=return_outputs)
     planned = model.forward
     if "use_cache" in _parameters(model):
 

@@ -134,20 +134,34 @@ class _PlanFunction(torch.autograd.Function):
     """``forward``: the plan up to the loss; ``backward``: the rest, gradients to autograd."""
 
     @staticmethod
-    def forward(ctx: Any, step: PlannedStep, *primals: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, step: PlannedStep, *primals: torch.Tensor) -> Any:
         with torch.no_grad(), _no_autocast():
-            loss, env = step._fwd(*primals)
+            (loss, *others), env = step._fwd(*primals)
         if step.backward_reads_loss:
             ctx.save_for_backward(env.pop(step.loss_name))
         else:
             env.pop(step.loss_name, None)  # the output: held by autograd, not by the context
         ctx.step = step
         ctx.env = env
-        return loss  # type: ignore[no-any-return]
+        if not others:
+            return loss
+        # The returned outputs (return_outputs=True): new tensor objects on the plan's
+        # storages (the context's variables must not carry this node's grad_fn: a cycle);
+        # a gradient that reaches them is refused in backward, not dropped.
+        ctx.set_materialize_grads(False)
+        return (loss, *(t.detach() for t in others))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad: Any, *others: Any) -> tuple[torch.Tensor | None, ...]:
         step: PlannedStep = ctx.step
+        if grad is None or any(g is not None for g in others):
+            raise ExecutorError(
+                "the loss being backpropagated reads the model's returned outputs (its logits), "
+                "and remat's planned backward takes only the gradient of the model's own loss: "
+                "backpropagate the output's .loss, or plan a loss of your own with "
+                "loss_fn= (or call the model without labels, so that the step ends at its "
+                "output and your loss's gradient flows into the plan)"
+            )
         env = ctx.env
         if env is None:
             raise ExecutorError(
@@ -192,6 +206,7 @@ class _Applied:
     """Signature the given plan is bound to (set by the first capture)."""
     capture: Any = None
     """A capture given to :func:`apply`, used for the first signature."""
+    return_outputs: bool = False
 
 
 def _check_graph(expected: Graph | None, result: Any, cap: Any, sim: Simulation) -> None:
@@ -264,7 +279,7 @@ def check_applicable(
         )
 
 
-def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any) -> Any:
+def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Capture with the unmodified forward, outside any dispatch mode of the caller (a memory
     tracker must not see the capture's fake tensors)."""
     from torch.utils._python_dispatch import _disable_current_modes
@@ -272,7 +287,7 @@ def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any) -> Any:
     applied.capturing = True
     try:
         with _disable_current_modes():
-            return fn(*args)
+            return fn(*args, **kwargs)
     finally:
         applied.capturing = False
 
@@ -291,7 +306,10 @@ def _planned(
         cap = applied.capture
         applied.capture = None
         if cap is None:
-            cap = _capturing(applied, capture, model, inputs, applied.loss_fn)
+            cap = _capturing(
+                applied, capture, model, inputs, applied.loss_fn,
+                return_outputs=applied.return_outputs,
+            )  # fmt: skip
         plan = plan_to_run(applied.result)
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
@@ -301,7 +319,10 @@ def _planned(
     elif applied.replan is not None:
         from remat.tracer import trace_capture
 
-        cap = _capturing(applied, trace_capture, model, inputs, applied.loss_fn)
+        cap = _capturing(
+            applied, trace_capture, model, inputs, applied.loss_fn,
+            return_outputs=applied.return_outputs,
+        )  # fmt: skip
         result = applied.replan(cap.graph)
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
@@ -342,6 +363,7 @@ def apply(
     mode: str = "op",
     capture: Any = None,
     allow_over_budget: bool = False,
+    return_outputs: bool = False,
 ) -> nn.Module:
     """Make ``model``'s training forward and backward run ``result``'s plan.
 
@@ -378,6 +400,16 @@ def apply(
         smallest plan found). By default such a result is refused with an
         :class:`ExecutorError` naming both figures, so that a step never runs over the budget
         it was planned for without the caller asking.
+    return_outputs
+        For a model that returns its own loss in a ``ModelOutput`` (no ``loss_fn``): the
+        training ``forward`` returns the output's other tensors too (a transformers model's
+        logits), bit for bit the unmodified model's, and every plan holds them until the
+        backward part begins, as the returning forward does (the graph must be traced with
+        ``return_outputs=True`` too). They carry no gradient path: backpropagating a loss
+        computed on them raises :class:`ExecutorError` in backward (none is silently dropped).
+        Off by default (they are then None): the training loops (``Trainer``, Accelerate,
+        Lightning) read only the loss, and holding the logits costs their size at the
+        forward's end, where the step's memory is high.
     """
     from remat.executor.module import apply_checkpoint, remove
 
@@ -408,6 +440,7 @@ def apply(
     original = model.__dict__.get("forward")
     unmodified = model.forward
     applied = _Applied("op", result, loss_fn, graph, replan, original)
+    applied.return_outputs = return_outputs
     if capture is not None:
         if example_inputs is None:
             raise ValueError("apply(capture=...) needs the example_inputs it was captured with")
@@ -421,7 +454,11 @@ def apply(
         primals = step.capture.primals(model, example(args, kwargs))
         out = _PlanFunction.apply(step, *primals)
         around = step.capture.output or step.capture.returned
-        return out if around is None else around.rebuild(out)
+        if around is None:
+            return out
+        if step.capture.returned_fx:
+            return around.rebuild(out[0], out[1:])
+        return around.rebuild(out)
 
     if example_inputs is not None:
         args_, kwargs_ = (

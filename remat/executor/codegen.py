@@ -304,7 +304,8 @@ class CodeGen:
     ) -> StepSource:
         """Two functions from one generated body, cut at the marker.
 
-        ``_remat_fwd(*primals)`` runs the steps before the cut and returns the loss and a dict
+        ``_remat_fwd(*primals)`` runs the steps before the cut and returns ``[loss, *the
+        capture's returned_fx tensors]`` and a dict
         of every variable bound at the cut (resident values, host copies, saved generator
         states); ``_remat_bwd(env, tangent)`` takes those over (the dict is emptied, so that a
         later ``del`` releases the storage) and runs the remaining steps.
@@ -315,7 +316,8 @@ class CodeGen:
         loss_fx = next(
             a for (role, _), a in zip(self.cap.output_roles, leaves, strict=True) if role == "loss"
         )
-        fwd.append(f"    _out = {self.expr(loss_fx)}")
+        returned = [self.expr(n) for n in getattr(self.cap, "returned_fx", ())]
+        fwd.append(f"    _out = [{', '.join([self.expr(loss_fx), *returned])}]")
         fwd.append("    _env = dict(locals()); del _env['_out']")
         fwd.append("    return _out, _env")
         tangent = f"v_{ident(self.cap.tangent_value)}"

@@ -65,6 +65,8 @@ from remat.tracer.fx_to_ir import IrMapping, JointSignature, joint_to_ir
 from remat.tracer.joint_passes import (
     bernoulli_in_memory_order,
     gradients_in_parameter_layout,
+    held_until_backward,
+    strip_returned,
 )
 from remat.tracer.patches import (
     capture_patches,
@@ -86,10 +88,16 @@ class ModelOutput:
     """The structure's leaves, None at :attr:`index`."""
     index: int
 
-    def rebuild(self, tensor: torch.Tensor) -> Any:
-        """The model's output with ``tensor`` in its place (the other leaves as captured)."""
+    returned: tuple[int, ...] = ()
+    """Indices of the other tensor leaves that the step returns too (``return_outputs``)."""
+
+    def rebuild(self, tensor: torch.Tensor, others: Sequence[torch.Tensor] = ()) -> Any:
+        """The model's output with ``tensor`` in its place and ``others`` at
+        :attr:`returned` (the other leaves as captured)."""
         leaves = list(self.leaves)
         leaves[self.index] = tensor
+        for i, t in zip(self.returned, others, strict=True):
+            leaves[i] = t
         return pytree.tree_unflatten(leaves, self.spec)
 
 
@@ -157,7 +165,13 @@ class Capture(IrMapping):
     """Where the model returns its own loss inside a structure (a transformers
     ``ModelOutput`` with ``"loss"``, no ``loss_fn``): that structure, which ``forward`` then
     returns with the loss in place and its other tensors None (the plan frees them as eager
-    would once the loss is made; eval and ``no_grad`` calls run the unmodified forward)."""
+    would once the loss is made; eval and ``no_grad`` calls run the unmodified forward), or,
+    captured with ``return_outputs=True``, its other tensors too (:attr:`returned_fx`)."""
+    returned_fx: list[torch.fx.Node] = field(default_factory=list)
+    """With ``return_outputs``: the FX node of each of :attr:`returned`'s other tensors (in
+    ``returned.returned`` order). Their storages are inputs of every node that reads
+    :attr:`tangent_value` in the IR graph, so that any plan holds them until the backward
+    part begins (the forward returns them)."""
     output: ModelOutput | None = None
     """None when the step ends at a scalar loss (the tangent is ``ones``); else the step ends
     at the model's output (its value is :attr:`loss_value`, its incoming gradient
@@ -333,6 +347,7 @@ def capture(
     *,
     require_real: bool = False,
     target: str = "cpu",
+    return_outputs: bool = False,
 ) -> Capture:
     """Capture one training step of ``model`` as a joint FX graph and its IR graph.
 
@@ -362,6 +377,12 @@ def capture(
         attention is a fused kernel that saves its output and logsumexp, never the attention
         matrix (the CPU runs the unfused math path when attention has dropout). Such a graph is
         for planning; it need not run on the CPU.
+    return_outputs
+        For a model that returns its own loss in a structure (:attr:`Capture.returned`): the
+        step returns the structure's other tensors too (a transformers model's logits), so
+        the graph holds their storages until the backward part begins
+        (:attr:`Capture.returned_fx`). Off by default: the plan may then free them at their
+        last use inside the loss, as the training loop never reads them.
 
     Raises
     ------
@@ -412,6 +433,11 @@ def capture(
         )
         loss = loss_fn(out) if loss_fn is not None else _own_loss(out, captured)
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            if return_outputs and captured.get("returned") is not None:
+                # Detached: the joint graph gets them as forward outputs without a tangent.
+                leaves = pytree.tree_leaves(out)
+                others = captured["returned"].returned
+                return (loss, *(leaves[i].detach() for i in others))
             return loss
         if loss_fn is None:
             # The loss is the caller's: the step ends at the model's output, whose gradient
@@ -489,6 +515,11 @@ def capture(
         raise TraceError(f"the step mutates {', '.join(names)} in place; only buffers may be")
     joint: torch.fx.GraphModule = captured["joint"]
     num_fwd = captured["num_fwd_outputs"]
+    returned_fx: list[torch.fx.Node] = []
+    returned = captured.get("returned")
+    if return_outputs and returned is not None and returned.returned:
+        returned_fx = strip_returned(joint, len(mutated) + 1, len(returned.returned))
+        num_fwd -= len(returned_fx)
     if num_fwd != len(mutated) + 1:
         raise TraceError(
             f"unexpected joint graph: {num_fwd} forward outputs for {len(mutated)} mutated "
@@ -505,6 +536,11 @@ def capture(
         mutated_buffers=tuple(buffer_names[i - P] for i in mutated),
     )
     mapping = joint_to_ir(joint, signature)
+    if returned_fx:
+        held = [mapping.fx_value[n.name] for n in returned_fx]
+        mapping = dataclasses.replace(
+            mapping, graph=held_until_backward(mapping.graph, mapping.tangent_value, held)
+        )
     if target == "cpu":
         with capture_patches(target=target):
             log = replay_forward(model, args[0], args[1], loss_fn)
@@ -526,7 +562,10 @@ def capture(
         target=target,
     )
     cap.output = captured.get("output")
-    cap.returned = captured.get("returned")
+    cap.returned = returned
+    if returned is not None and not returned_fx:
+        cap.returned = dataclasses.replace(returned, returned=())
+    cap.returned_fx = returned_fx
     return cap
 
 
@@ -544,7 +583,8 @@ def _own_loss(out: Any, captured: dict[str, Any]) -> Any:
     (index,) = [i for i, x in enumerate(leaves) if x is loss]
     # Only plain values survive; the capture's tensors (and objects holding them) are fake.
     kept = [x if isinstance(x, (bool, int, float, str)) else None for x in leaves]
-    captured["returned"] = ModelOutput(spec=spec, leaves=kept, index=index)
+    others = tuple(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x is not loss)
+    captured["returned"] = ModelOutput(spec=spec, leaves=kept, index=index, returned=others)
     return loss
 
 

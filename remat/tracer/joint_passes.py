@@ -6,14 +6,24 @@ whose result is a new contiguous tensor, so on a non-contiguous ``x`` (a transpo
 activation) the same random stream lands on other elements and the gradients differ from
 eager's. The rewrite draws into the contiguous permutation of the buffer and permutes back: the
 same numbers on the same elements as eager, the same storage size, two views more.
+
+:func:`strip_returned` and :func:`held_until_backward`: a step captured with
+``return_outputs`` returns the model's other output tensors (detached) after the loss; they
+leave the joint graph's outputs (which stay those of the plain step), and their storages become
+inputs of the nodes that read the loss's gradient, so that every plan holds them until the
+backward part, when the forward has returned them.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 import torch
 import torch.fx
+
+from remat.ir import Graph, Node
+from remat.tracer.errors import TraceError
 
 _BERNOULLI_P = torch.ops.aten.bernoulli.p
 _PERMUTE = torch.ops.aten.permute.default
@@ -189,3 +199,37 @@ def _before(a: torch.fx.Node, b: torch.fx.Node) -> bool:
             return True
         n = n.next
     return False
+
+
+def strip_returned(joint: torch.fx.GraphModule, start: int, count: int) -> list[torch.fx.Node]:
+    """Remove the ``count`` detached outputs after the loss (at ``start``) from the joint
+    graph's outputs; the FX nodes of the tensors they detach, in order."""
+    out_node = next(n for n in reversed(list(joint.graph.nodes)) if n.op == "output")
+    outs = list(out_node.args[0])
+    extra = outs[start : start + count]
+    nodes: list[torch.fx.Node] = []
+    for d in extra:
+        if not (isinstance(d, torch.fx.Node) and d.target is torch.ops.aten.detach.default):
+            raise TraceError(f"unexpected joint graph: returned output {d} is not a detach")
+        src = d.args[0]
+        assert isinstance(src, torch.fx.Node)
+        nodes.append(src)
+    out_node.args = (type(out_node.args[0])(outs[:start] + outs[start + count :]),)
+    for d in extra:
+        if not d.users:
+            joint.graph.erase_node(d)
+    joint.recompile()
+    return nodes
+
+
+def held_until_backward(graph: Graph, tangent: str, held: Sequence[str]) -> Graph:
+    """``graph`` with the ``held`` values among the inputs of every node that reads the loss's
+    gradient: the forward returns them, so no plan may free them before its backward part."""
+
+    def more(n: Node) -> Node:
+        if tangent not in n.inputs:
+            return n
+        extra = tuple(v for v in dict.fromkeys(held) if v not in n.inputs)
+        return n.model_copy(update={"inputs": (*n.inputs, *extra)})
+
+    return graph.model_copy(update={"nodes": tuple(more(n) for n in graph.nodes)})

@@ -27,6 +27,7 @@ def trace(
     optimizer: torch.optim.Optimizer | None = None,
     require_real: bool = False,
     target: str | None = None,
+    return_outputs: bool = False,
 ) -> Graph:
     """Trace one training step of ``model`` into a costed graph.
 
@@ -61,6 +62,11 @@ def trace(
         a GPU target to plan a GPU's memory (fused dropout and attention); keep ``"cpu"`` for a
         plan that the executors run on this machine, since they capture the CPU step and node
         ids must match.
+    return_outputs
+        For a model that returns its own loss beside other tensors (a transformers
+        ``ModelOutput`` with ``loss`` and ``logits``): the step returns those tensors too,
+        held until the backward part begins (see :func:`remat.tracer.capture`); apply the
+        plan with ``remat.apply(..., return_outputs=True)``.
 
     Returns
     -------
@@ -81,6 +87,7 @@ def trace(
         optimizer=optimizer,
         require_real=require_real,
         target=target,
+        return_outputs=return_outputs,
     ).graph
 
 
@@ -93,11 +100,19 @@ def trace_capture(
     optimizer: torch.optim.Optimizer | None = None,
     require_real: bool = False,
     target: str | None = None,
+    return_outputs: bool = False,
 ) -> Capture:
     """As :func:`trace`, but return the whole :class:`Capture` (its ``graph`` is costed)."""
     device, capture_target = _target(target)
     resolved = resolve_cost(cost, device)
-    cap = capture(model, example_inputs, loss_fn, require_real=require_real, target=capture_target)
+    cap = capture(
+        model,
+        example_inputs,
+        loss_fn,
+        require_real=require_real,
+        target=capture_target,
+        return_outputs=return_outputs,
+    )
     graph = apply_costs(cap, resolved, model=model, example_inputs=example_inputs)
     if optimizer is not None:
         extra = optimizer_state_bytes(optimizer, model)

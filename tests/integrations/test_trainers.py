@@ -307,3 +307,85 @@ def test_enable_in_checkpoint_mode_with_the_configs_cache_default_on(tiny_llama:
     assert applied_plan(planned) is None
     remat.disable(planned)
     assert {path for path, m in planned.named_modules() if "forward" in m.__dict__} == own
+
+
+def test_enable_returns_the_logits_in_op_mode_counted_until_the_backward() -> None:
+    """return_outputs=True: the training call returns the plain model's loss and logits bit
+    for bit; every plan holds the logits until the backward part and the tracker measures the
+    predicted peak (less the loss's 4-byte incoming gradient, which the graph holds from the
+    start and autograd makes at backward, where the peak is in the forward part); a loss on
+    the returned logits is refused, never silently given no gradient."""
+    from remat.executor import measure
+    from remat.executor.opexec import forward_cut
+
+    plain = tiny_gpt2().train()
+    planned = copy.deepcopy(plain)
+    remat.enable(planned, budget="50%", time_limit_s=2, return_outputs=True)
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    torch.manual_seed(5)
+    got = planned(**batch)
+    torch.manual_seed(5)
+    want = plain(**batch)
+    assert torch.equal(got.loss, want.loss) and torch.equal(got.logits, want.logits)
+    got.loss.backward()
+    want.loss.backward()
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), n
+    (step,) = remat.executor.planned_steps(planned)
+    cap, sim = step.capture, step.simulation
+    logits = cap.fx_value[cap.returned_fx[0].name]
+    assert all(logits in n.inputs for n in cap.graph.nodes if cap.tangent_value in n.inputs)
+    cut = forward_cut(cap, step.plan)
+    tangent = cap.graph.value(cap.tangent_value).size_bytes
+    timeline = sim.timeline_bytes
+    expected = max(max(timeline[:cut]) - tangent, max(timeline[cut:]))
+    planned.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    measured = measure(planned, batch, lambda o: o.loss).peak_dynamic_bytes
+    assert measured == expected and sim.peak_dynamic_bytes - measured in (0, tangent)
+    out = planned(**batch)
+    with pytest.raises(remat.RematError, match="reads the model's returned outputs"):
+        (out.loss + out.logits.sum()).backward()
+
+
+def test_trainer_bf16_on_the_cpu_in_both_modes(tmp_path: Path) -> None:
+    """TrainingArguments(bf16=True, use_cpu=True): Accelerate runs the forward under CPU bf16
+    autocast; the capture sees it (the graph holds bf16 values), the plan runs its traced
+    casts, and the losses and weights equal the plain model's under the same autocast."""
+    plain = tiny_gpt2()
+    ref, _ = _train(copy.deepcopy(plain), tmp_path / "plain", bf16=True)
+    for mode, budget in (("op", "50%"), ("checkpoint", "70%")):
+        planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=2, mode=mode)
+        got, _ = _train(planned, tmp_path / mode, bf16=True)
+        assert len(got) == STEPS and got == ref, mode
+        if mode == "op":
+            (step,) = remat.executor.planned_steps(planned)
+        else:
+            from remat.executor.checkpoint_calls import per_call_results
+
+            (step,) = per_call_results(planned)
+        assert any(v.dtype == "bfloat16" for v in step.graph.values), mode
+
+
+def test_accelerate_bf16_on_the_cpu() -> None:
+    accelerate = _need("accelerate")
+    plain = tiny_gpt2().train()
+    planned = remat.enable(copy.deepcopy(plain), budget="50%", time_limit_s=2)
+    losses: dict[str, list[float]] = {}
+    for name, model in (("plain", plain), ("remat", planned)):
+        acc = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.utils.data.DataLoader(Rows(n=4), batch_size=2)
+        model_, opt_, data_ = acc.prepare(model, opt, data)
+        torch.manual_seed(SEED)
+        losses[name] = []
+        for batch in data_:
+            loss = model_(**batch).loss
+            acc.backward(loss)
+            opt_.step()
+            opt_.zero_grad()
+            losses[name].append(loss.item())
+    assert len(losses["remat"]) == 2 and losses["remat"] == losses["plain"]
+    for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+        assert torch.equal(p, q), n
