@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(wildcard remat tests examples benchmarks)
 	$(VENV)/bin/mypy $(TYPED)
 
-# mypy runs beside pytest (about 40 s on a cold cache, most of it waiting on imports); either
+# mypy runs beside pytest (about 40 s on a cold cache, no longer in front of the suite); either
 # failing fails the target.
 test: $(STAMP)
 	$(VENV)/bin/ruff check $(wildcard remat tests examples benchmarks)
