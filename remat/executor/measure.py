@@ -78,13 +78,15 @@ class LiveStorageTracker(TorchDispatchMode):
         self._next = 0
         self._key_of: dict[int, int] = {}  # id(storage object) -> key, while alive
 
-    def _add(self, storage: torch.UntypedStorage) -> int | None:
+    def _add(self, storage: torch.UntypedStorage, nbytes: int | None = None) -> int | None:
+        """Track ``storage`` (at ``nbytes``, default its size now); None if already tracked."""
         sid = id(storage)
         if sid in self._key_of:
             return None
         key = self._next
         self._next += 1
-        nbytes = int(storage.nbytes())
+        if nbytes is None:
+            nbytes = int(storage.nbytes())
         self._key_of[sid] = key
         self.live[key] = nbytes
         self.events.append((key, nbytes))
@@ -351,9 +353,9 @@ def measure_fake(
     grads = [p.grad for p in params.values() if p.grad is not None]
     grad_keys = {k for g in grads if (k := tracker.key_of(g)) is not None}
     static_keys = param_keys | buffer_keys | grad_keys
-    param_bytes = _fake_bytes(params.values())
-    buffer_bytes = _fake_bytes(buffers.values())
-    grad_bytes = _fake_bytes(grads)
+    param_bytes = distinct_storage_bytes(params.values())
+    buffer_bytes = distinct_storage_bytes(buffers.values())
+    grad_bytes = distinct_storage_bytes(grads)
     static = param_bytes + buffer_bytes + grad_bytes
     peak_dyn, final_dyn, timeline = tracker.peak(static_keys, start)
     total_peak, _, _ = tracker.peak(set(), start)
@@ -362,7 +364,7 @@ def measure_fake(
         static_bytes=static,
         peak_dynamic_bytes=peak_dyn,
         observed_peak_bytes=total_peak,
-        input_bytes=_fake_bytes(inputs),
+        input_bytes=distinct_storage_bytes(inputs),
         final_dynamic_bytes=final_dyn,
         param_bytes=param_bytes,
         buffer_bytes=buffer_bytes,
@@ -373,8 +375,9 @@ def measure_fake(
     )
 
 
-def _fake_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of distinct storages, told apart by identity (fake storages have no address)."""
+def distinct_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of distinct storages, told apart by identity (fake storages have no address, and
+    a DTensor's local shards are each their own storage object)."""
     seen: dict[int, int] = {}
     for t in tensors:
         st = t.untyped_storage()

@@ -20,7 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.executor.measure import LiveStorageTracker, MemoryMeasurement
+from remat.executor.measure import (
+    LiveStorageTracker,
+    MemoryMeasurement,
+    distinct_storage_bytes,
+)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -41,23 +45,12 @@ class ResizeAwareTracker(LiveStorageTracker):
         if key is None:
             # made before tracking began (FSDP2's buffers, allocated at its lazy init and
             # resized to 0 between uses): known from now on, at the size it had
-            key = self._add_at(storage, before)
+            key = self._add(storage, before)
+            assert key is not None
         delta = int(storage.nbytes()) - before
         if delta:
             self.live[key] = self.live.get(key, 0) + delta
             self.events.append((key, delta))
-
-    def _add_at(self, storage: torch.UntypedStorage, nbytes: int) -> int:
-        import weakref
-
-        sid = id(storage)
-        key = self._next
-        self._next += 1
-        self._key_of[sid] = key
-        self.live[key] = nbytes
-        self.events.append((key, nbytes))
-        weakref.finalize(storage, self._release, sid, key)
-        return key
 
     def __enter__(self) -> ResizeAwareTracker:
         orig = torch.UntypedStorage.resize_
@@ -124,15 +117,10 @@ def measure_sharded(
     exclude = static_keys | {k for k in grad_keys if k is not None}
     peak, final, timeline = tracker.peak(exclude - input_keys, start)
 
-    def nbytes(ts: list[torch.Tensor]) -> int:
-        seen: dict[int, int] = {}
-        for t in ts:
-            st = t.untyped_storage()
-            seen.setdefault(id(st), int(st.nbytes()))
-        return sum(seen.values())
-
-    param_bytes, buffer_bytes = nbytes(params), nbytes(buffers)
-    grad_bytes, opt_bytes = nbytes(grads), nbytes(state)
+    param_bytes = distinct_storage_bytes(params)
+    buffer_bytes = distinct_storage_bytes(buffers)
+    grad_bytes = distinct_storage_bytes(grads)
+    opt_bytes = distinct_storage_bytes(state)
     static = param_bytes + buffer_bytes + grad_bytes + opt_bytes
     observed = max((static - grad_bytes) + t for t in [0, *timeline])
     return MemoryMeasurement(
@@ -140,7 +128,7 @@ def measure_sharded(
         static_bytes=static,
         peak_dynamic_bytes=peak,
         observed_peak_bytes=observed,
-        input_bytes=nbytes(inputs),
+        input_bytes=distinct_storage_bytes(inputs),
         final_dynamic_bytes=final,
         param_bytes=param_bytes,
         buffer_bytes=buffer_bytes,
