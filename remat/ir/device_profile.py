@@ -59,6 +59,14 @@ class HostLink(BaseModel):
     overlaps_compute: bool = True
     host_memory_bytes: int | None = Field(default=None, ge=0)
 
+    def offload_s(self, nbytes: float) -> float:
+        """Time of one offload (device to host) of ``nbytes``, latency included."""
+        return self.latency_s + nbytes / self.device_to_host_bytes_per_s
+
+    def prefetch_s(self, nbytes: float) -> float:
+        """Time of one prefetch (host to device) of ``nbytes``, latency included."""
+        return self.latency_s + nbytes / self.host_to_device_bytes_per_s
+
 
 class Interconnect(BaseModel):
     """The link between ranks that collectives (all-gather, reduce-scatter, all-reduce) use.

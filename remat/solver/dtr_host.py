@@ -62,8 +62,8 @@ class HostLane:
         self.order = order
         self.size = size
         self.uses = uses
-        self.d2h_s = [link.latency_s + b / link.device_to_host_bytes_per_s for b in size]
-        self.h2d_s = [link.latency_s + b / link.host_to_device_bytes_per_s for b in size]
+        self.d2h_s = [link.offload_s(b) for b in size]
+        self.h2d_s = [link.prefetch_s(b) for b in size]
         self.host_budget = link.host_memory_bytes
         self.ahead = list(itertools.accumulate(node_time, initial=0.0))  # graph-order clock
         self.d2h_free = 0.0

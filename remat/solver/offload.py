@@ -138,7 +138,7 @@ def with_offloads(
     before: dict[int, list[Step]] = {}
     for g in sorted(gaps, key=lambda g: (g.after, g.value)):
         after.setdefault(g.after, []).append(make("offload", g.value))
-        need = lead * (link.latency_s + g.size_bytes / link.host_to_device_bytes_per_s)
+        need = lead * link.prefetch_s(g.size_bytes)
         # the latest step p with at least `need` of compute from p up to the read
         p = bisect.bisect_right(clock, clock[g.before] - need) - 1
         p = min(max(p, g.after + 1), g.before)

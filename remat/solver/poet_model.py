@@ -136,10 +136,10 @@ def build(graph: Graph, budget_bytes: int, *, offload: bool, margin: float = 0.0
     moved = offloadable(ix) if offload else []
 
     def d2h(v: str) -> float:
-        return (link.latency_s + ix.size[v] / link.device_to_host_bytes_per_s) / tu
+        return link.offload_s(ix.size[v]) / tu
 
     def h2d(v: str) -> float:
-        return (link.latency_s + ix.size[v] / link.host_to_device_bytes_per_s) / tu
+        return link.prefetch_s(ix.size[v]) / tu
 
     # -- columns ----------------------------------------------------------------------------
     for t in range(n):
