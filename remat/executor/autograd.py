@@ -439,8 +439,9 @@ def apply(
         remove(model)
     original = model.__dict__.get("forward")
     unmodified = model.forward
-    applied = _Applied("op", result, loss_fn, graph, replan, original)
-    applied.return_outputs = return_outputs
+    applied = _Applied(
+        "op", result, loss_fn, graph, replan, original, return_outputs=return_outputs
+    )
     if capture is not None:
         if example_inputs is None:
             raise ValueError("apply(capture=...) needs the example_inputs it was captured with")
