@@ -16,17 +16,7 @@ from dataclasses import dataclass, field
 
 from remat.ir.devices import A100_SXM_80GB, roofline_time_s
 from remat.ir.graph import DeviceProfile, Graph, Node, Phase, Value, ValueKind
-
-ITEMSIZE = {
-    "float64": 8,
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "int64": 8,
-    "int32": 4,
-    "bool": 1,
-    "uint8": 1,
-}
+from remat.ir.sharding import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -326,7 +316,7 @@ class StepBuilder:
     def _add_value(
         self, vid: str, shape: tuple[int, ...], dtype: str, kind: ValueKind, producer: str | None
     ) -> None:
-        size = math.prod(shape) * ITEMSIZE[dtype]
+        size = math.prod(shape) * DTYPE_BYTES[dtype]
         self._values[vid] = Value(
             id=vid, size_bytes=size, kind=kind, shape=shape, dtype=dtype, producer=producer
         )

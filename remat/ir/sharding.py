@@ -39,7 +39,8 @@ DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
     "bool": 1,
 }
-"""Bytes per element of the dtypes a sharding description may name."""
+"""Bytes per element of the dtypes a sharding description may name (and the step builder,
+:mod:`remat.ir.builder`, sizes its values with)."""
 
 DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb`` (25 MiB)."""
