@@ -5,7 +5,10 @@ interpreter per page (python blocks share one namespace, as a reader pasting the
 blocks run with ``bash -e`` in the same directory, so files one block writes the next reads).
 The directory is a temporary one with the repository's examples/ linked in, and ``remat`` on
 PATH is this checkout's command. A block that cannot run here is marked right before it with
-``<!-- no-run: REASON -->``; the marked blocks are counted and each must give its reason.
+``<!-- no-run: REASON -->``; the marked blocks are counted and each must give its reason. A
+block that repeats another page's word for word (README's quick examples are getting-started's)
+is marked ``<!-- runs-in: PAGE -->`` and runs there only: the test checks that PAGE runs a block
+with the very same code, in CI, so the copy cannot drift from what is run.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ PAGE_TIMEOUT_S = 120
 
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NO_RUN = re.compile(r"<!--\s*no-run:\s*(.*?)\s*-->\s*$")
+RUNS_IN = re.compile(r"<!--\s*runs-in:\s*(\S+)\s*-->\s*$")
 RUNNABLE = ("python", "bash")
 
 
@@ -45,6 +49,11 @@ class Block:
     code: str
     line: int
     no_run: str | None  # the reason given, None for a block that runs
+    runs_in: str | None = None  # the page that runs this very code instead (runs-in mark)
+
+    @property
+    def runs_here(self) -> bool:
+        return self.lang in RUNNABLE and self.no_run is None and self.runs_in is None
 
 
 def blocks(page: Path) -> list[Block]:
@@ -53,12 +62,14 @@ def blocks(page: Path) -> list[Block]:
     for m in FENCE.finditer(text):
         before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
         mark = NO_RUN.search(before)
+        elsewhere = RUNS_IN.search(before)
         found.append(
             Block(
                 m.group(1),
                 m.group(2),
                 text.count("\n", 0, m.start()) + 1,
                 mark.group(1) if mark else None,
+                elsewhere.group(1) if elsewhere else None,
             )
         )
     return found
@@ -107,13 +118,13 @@ def page_params() -> list[object]:
     return [
         pytest.param(p, id=rel(p), marks=[pytest.mark.slow] if rel(p) in SLOW_PAGES else [])
         for p in PAGES
-        if any(b.lang in RUNNABLE and b.no_run is None for b in blocks(p))
+        if any(b.runs_here for b in blocks(p))
     ]
 
 
 @pytest.mark.parametrize("page", page_params())
 def test_page_examples_run(page: Path, tmp_path: Path) -> None:
-    todo = [b.__dict__ for b in blocks(page) if b.lang in RUNNABLE and b.no_run is None]
+    todo = [b.__dict__ for b in blocks(page) if b.runs_here]
     work = tmp_path / "work"
     work.mkdir()
     (work / "examples").symlink_to(ROOT / "examples")
@@ -143,6 +154,8 @@ def test_every_block_is_run_or_marked() -> None:
                 assert b.lang in RUNNABLE, f"{rel(page)}:{b.line}: no-run on a ```{b.lang} block"
                 assert b.no_run, f"{rel(page)}:{b.line}: no-run without a reason"
                 marked.append(f"{rel(page)}:{b.line}")
+            elif b.runs_in is not None:
+                assert b.lang in RUNNABLE, f"{rel(page)}:{b.line}: runs-in on a ```{b.lang} block"
             elif b.lang in RUNNABLE:
                 runs += 1
             else:
@@ -154,6 +167,20 @@ def test_every_block_is_run_or_marked() -> None:
 
 
 EXPECTED_NO_RUN = 4
+
+
+def test_a_block_marked_runs_in_is_run_there_word_for_word() -> None:
+    copies = [(page, b) for page in PAGES for b in blocks(page) if b.runs_in is not None]
+    assert copies  # README's quick examples
+    for page, b in copies:
+        where = ROOT / b.runs_in
+        assert where.is_file(), f"{rel(page)}:{b.line}: runs-in names {b.runs_in}, not a page"
+        assert b.runs_in not in SLOW_PAGES, f"{rel(page)}:{b.line}: {b.runs_in} is not run in CI"
+        run_there = [o.code for o in blocks(where) if o.runs_here and o.lang == b.lang]
+        assert b.code in run_there, (
+            f"{rel(page)}:{b.line}: this ```{b.lang} block is not, word for word, one that "
+            f"{b.runs_in} runs; copy it from there again or drop the runs-in mark"
+        )
 
 
 def test_readme_front_door() -> None:

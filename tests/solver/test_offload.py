@@ -120,8 +120,8 @@ def test_offload_checkpoints_moves_only_block_inputs() -> None:
 @pytest.mark.parametrize("frac", [0.5, 0.3])
 def test_auto_offloads_by_default_and_is_never_slower_than_recompute_only(frac: float) -> None:
     g = synthetic.transformer(6)
-    on = solver.solve(g, frac, time_limit_s=10)
-    off = solver.solve(g, frac, time_limit_s=10, offload=False)
+    on = solver.solve(g, frac, time_limit_s=3)
+    off = solver.solve(g, frac, time_limit_s=3, offload=False)
     assert on.fits and off.fits
     assert "offloading on" in on.message and "recompute only" in off.message
     assert on.total_time_s is not None and off.total_time_s is not None
