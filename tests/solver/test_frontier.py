@@ -163,7 +163,7 @@ def test_frontier_on_the_example_models_over_ten_budgets(name, tmp_path, monkeyp
         "resnet": lambda: build_resnet(batch=2, image=16, width=8, blocks_per_stage=1, stages=2),
     }[name]
     g = trace(*build())
-    fr = remat.frontier(g, FRACS, time_limit_s=1.0, fill_time_s=1.0)
+    fr = remat.frontier(g, FRACS, time_limit_s=0.5, fill_time_s=0.5)
     check_frontier(g, FRACS, fr)
     fitting = [r for r in fr.results if r.fits]
     assert fitting and fitting[-1].overhead == 0.0  # 100%: the eager plan
