@@ -157,7 +157,7 @@ def test_a_default_restriction_proven_infeasible_widens_to_backward_recomputatio
     b = fraction_bytes(g, 0.7, simulate(g, eager_plan(g)).peak_dynamic_bytes)
     narrow = run_checkmate(g, b, recompute_backward=False, time_limit_s=60)
     assert narrow.solution is not None and narrow.solution.status == "infeasible"
-    r = get("milp")(g, b, time_limit_s=60)
+    r = get("milp")(g, b, time_limit_s=8)
     assert r.fits and r.plan is not None, r.message
     counts = r.plan.compute_counts()
     assert any(counts[n.id] > 1 for n in g.backward_nodes)
