@@ -70,8 +70,9 @@ DEFAULT_TIME_LIMIT_S = 60.0
 
 
 def has_host_link(graph: Graph) -> bool:
-    """Whether the graph's device profile states a host link (the local CPU's has none)."""
-    return graph.device is not None and graph.device.host_link is not None
+    """Whether the graph's device profile states a host link with a host memory budget, the
+    rule ``auto`` and ``dtr`` offload by default on (the local CPU's profile has no link)."""
+    return graph.device is not None and graph.device.can_offload
 
 
 class PoetOptions(SolverOptions):
@@ -79,7 +80,8 @@ class PoetOptions(SolverOptions):
 
     offload: bool | None = Field(
         None,
-        description="Decide paging too (default: when the device profile has a host link).",
+        description="Decide paging too (default: when the device profile has a host link with a "
+        "host memory budget, as for auto and dtr).",
     )
     max_nodes: int = Field(
         DEFAULT_MAX_NODES,

@@ -84,6 +84,17 @@ def test_offload_off_is_recompute_only() -> None:
     assert r.fits and r.figures is not None and r.figures.offload_bytes == 0
 
 
+def test_a_link_without_a_host_budget_pages_only_when_asked() -> None:
+    # the rule auto and dtr follow: a link whose host memory is not stated is no default
+    link = HostLink(device_to_host_bytes_per_s=1e12, host_to_device_bytes_per_s=1e12)
+    g = _with_link(random_step(0, 3), link)
+    floor = solver.solve(g, 0.01, solver="milp").min_budget_bytes
+    assert floor is not None
+    assert not solver.solve(g, floor - 4, solver="poet").fits
+    r = solver.solve(g, floor - 4, solver="poet", offload=True)
+    assert r.fits and r.figures is not None and r.figures.offload_bytes > 0
+
+
 def test_a_graph_over_max_nodes_is_refused_naming_the_option() -> None:
     g = random_step(0, 3)
     with pytest.raises(ValueError, match="max_nodes=4"):
