@@ -415,6 +415,12 @@ def apply(
         Off by default (they are then None): the training loops (``Trainer``, Accelerate,
         Lightning) read only the loss, and holding the logits costs their size at the
         forward's end, where the step's memory is high.
+        In checkpoint mode the model's own output is always returned; with ``replan``
+        (``remat.enable``), ``return_outputs=True`` traces each signature with that output
+        kept until the backward, so the plan counts it
+        (:func:`remat.executor.checkpoint_calls.apply_checkpoint_per_call`); given a result
+        it is refused (the graph the result was solved on decides: trace it with
+        ``return_outputs=True``).
     """
     from remat.executor.module import apply_checkpoint, remove
 
@@ -428,7 +434,16 @@ def apply(
         if result is None and replan is not None:
             from remat.executor.checkpoint_calls import apply_checkpoint_per_call
 
-            return apply_checkpoint_per_call(model, replan, loss_fn=loss_fn)
+            return apply_checkpoint_per_call(
+                model, replan, loss_fn=loss_fn, return_outputs=return_outputs
+            )
+        if return_outputs:
+            raise ExecutorError(
+                "remat.apply(mode='checkpoint') runs the model's own forward, which always "
+                "returns its output; return_outputs=True has no effect given a result: count "
+                "the output in the plan by tracing with remat.trace(..., return_outputs=True) "
+                "and solving that graph (or use remat.enable(..., return_outputs=True))"
+            )
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn
         )
