@@ -21,8 +21,11 @@ splits each remat row's measured step into (i) the plain model's work, (a); (ii)
 executor's own overhead, (k) - (a); (iii) the recomputation the plan adds, the row - (k). The
 recomputation is also timed directly: the row's plan steps are compiled again with a probe
 (:func:`remat.executor.autograd.probe_steps`) that reads the clock after each step, and the
-fastest time of each recomputing step over ``--repeats`` steps is summed, per ATen op, beside
-the cost model's prediction (the nodes' ``time_s``) for the (c) row.
+fastest time of each recomputing step over ``--repeats`` steps is summed: in all, beside the
+simulator's recomputation time, for every remat row ("probed"), and per ATen op beside the
+cost model's prediction (the nodes' ``time_s``) for the (c) row. The executor's overhead is
+also given per op it runs (the keep-everything plan's computes). The difference (iii) is two
+noisy step times apart; the probed sum reads only the recomputing steps.
 
 Run: ``.venv/bin/python benchmarks/trainers.py [--models gpt2,llama] [--repeats 9] [--small]
 [--breakdown]``.
@@ -197,9 +200,11 @@ def run_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     for _ in range(args.repeats):  # interleaved: every variant once per round
         for k, m in variants.items():
             best[k] = min(best[k], step(m, batch))
-    by_op = {}
-    if args.breakdown and budgets[0][0] in variants:
-        by_op = recompute_by_op(variants[budgets[0][0]], graph, batch, args.repeats)
+    by_op: dict[str, dict[str, list[float]]] = {}  # per remat row (keep-all aside)
+    if args.breakdown:
+        for label, _ in budgets:
+            if label in variants and label != KEEP_ALL:
+                by_op[label] = recompute_by_op(variants[label], graph, batch, args.repeats)
     rows = []
     for k, m in variants.items():
         diff = max(
@@ -222,7 +227,9 @@ def run_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "plain_s": best["(a) plain"],
                 "keep_all_s": best.get(KEEP_ALL),
                 "steps": steps.get(k),
-                "by_op": by_op if k == budgets[0][0] else None,
+                "keep_all_computes": steps[KEEP_ALL][0] if KEEP_ALL in steps else None,
+                "by_op": by_op.get(k),
+                "op_table": k == budgets[0][0],
             }
         )
     return rows
@@ -234,25 +241,27 @@ def print_breakdown(rows: list[dict[str, Any]], top: int) -> None:
     ms = 1e3
     print()
     print(
-        "| model | variant | step | (i) plain work | (ii) executor overhead | per compute | "
-        "(iii) recomputation | predicted recomputation |"
+        "| model | variant | step | (i) plain work, (a) | (ii) executor overhead, (k) - (a) | "
+        "per op run | (iii) recomputation, step - (k) | (iii) probed | predicted recomputation |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["steps"] is None or r["keep_all_s"] is None:
             continue
-        computes, _first_s, recompute_s = r["steps"]
+        _computes, _first_s, recompute_s = r["steps"]
         overhead = r["keep_all_s"] - r["plain_s"]
+        per_op = overhead / r["keep_all_computes"]
         recompute = r["time_s"] - r["keep_all_s"]
+        probed = sum(v[1] for v in r["by_op"].values()) if r["by_op"] else 0.0
         print(
             f"| {r['model']} | {r['variant']} | {r['time_s'] * ms:.1f} ms | "
             f"{r['plain_s'] * ms:.1f} ms | {overhead * ms:.1f} ms "
-            f"({100 * overhead / r['plain_s']:.1f}%) | {overhead / computes * 1e6:.1f} us | "
+            f"({100 * overhead / r['plain_s']:.1f}%) | {per_op * 1e6:.1f} us | "
             f"{recompute * ms:.1f} ms ({100 * recompute / r['plain_s']:.1f}%) | "
-            f"{recompute_s * ms:.1f} ms |"
+            f"{probed * ms:.1f} ms | {recompute_s * ms:.1f} ms |"
         )
     for r in rows:
-        if not r["by_op"]:
+        if not (r["op_table"] and r["by_op"]):
             continue
         ops = sorted(r["by_op"].items(), key=lambda kv: (-kv[1][1], kv[0]))
         total = [sum(v[i] for _, v in ops) for i in range(3)]
