@@ -419,8 +419,7 @@ def apply(
         (``remat.enable``), ``return_outputs=True`` traces each signature with that output
         kept until the backward, so the plan counts it
         (:func:`remat.executor.checkpoint_calls.apply_checkpoint_per_call`); given a result
-        it is refused (the graph the result was solved on decides: trace it with
-        ``return_outputs=True``).
+        it is refused (the graph the result was solved on decides what it counts).
     """
     from remat.executor.module import apply_checkpoint, remove
 
@@ -440,9 +439,10 @@ def apply(
         if return_outputs:
             raise ExecutorError(
                 "remat.apply(mode='checkpoint') runs the model's own forward, which always "
-                "returns its output; return_outputs=True has no effect given a result: count "
-                "the output in the plan by tracing with remat.trace(..., return_outputs=True) "
-                "and solving that graph (or use remat.enable(..., return_outputs=True))"
+                "returns its output; return_outputs=True has no effect given a result (its "
+                "graph decides what the plan counts): to plan a loop that keeps the output "
+                "through its backward, use remat.enable(model, budget, mode='checkpoint', "
+                "return_outputs=True)"
             )
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn
