@@ -82,7 +82,11 @@ def enable(
         computed on them is refused in backward). Off by default (the logits are then None):
         Trainer, Accelerate and Lightning read only the loss in training, and the logits'
         storage would otherwise be free before the forward's end. Checkpoint mode always
-        returns the model's own output.
+        returns the model's own output; there ``return_outputs=True`` plans a loop that keeps
+        it until the backward (``out = model(**batch); out.loss.backward()``), counting its
+        other tensors in the peak, and the default a loop that drops them once it has the
+        loss (``Trainer``, Accelerate, Lightning), which a loop that keeps them exceeds by
+        their size.
 
     Returns
     -------

@@ -77,6 +77,8 @@ class PlannedStep:
     tangent_shape: tuple[int, ...]
     tangent_stride: tuple[int, ...]
     """Layout of the incoming gradient the step was traced with."""
+    cut: int
+    """Index of the plan's first step run by the backward part (:func:`forward_cut`)."""
     _fwd: Callable[..., Any] = field(repr=False)
     _bwd: Callable[..., list[Any]] = field(repr=False)
 
@@ -86,16 +88,18 @@ class PlannedStep:
         return graph
 
 
-def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
+def _compile(
+    cap: Any, plan: Plan, device: torch.device, probe: Callable[[int], None] | None = None
+) -> PlannedStep:
     graph: Graph = cap.graph
     sim = simulate_traced(graph, plan)
     cut = forward_cut(cap, plan)
-    gen = CodeGen(cap, plan, device, cut=cut)
+    gen = CodeGen(cap, plan, device, cut=cut, probe=probe is not None)
     src = gen.generate()
     host = HostMemory(device)
     g = dict(src.globals)
     g["_host"] = host
-    g["_probe"] = None
+    g["_probe"] = probe
     exec(compile(src.source, f"<remat apply {graph.name}>", "exec"), g)  # our generated source
 
     loss_name = f"v_{ident(cap.loss_value)}"
@@ -120,6 +124,7 @@ def _compile(cap: Any, plan: Plan, device: torch.device) -> PlannedStep:
         backward_reads_loss=reads_loss,
         tangent_shape=tuple(tangent.shape),
         tangent_stride=tuple(tangent.stride()),
+        cut=cut,
         _fwd=g["_remat_step"],
         _bwd=g["_remat_bwd"],
     )
@@ -410,6 +415,11 @@ def apply(
         Off by default (they are then None): the training loops (``Trainer``, Accelerate,
         Lightning) read only the loss, and holding the logits costs their size at the
         forward's end, where the step's memory is high.
+        In checkpoint mode the model's own output is always returned; with ``replan``
+        (``remat.enable``), ``return_outputs=True`` traces each signature with that output
+        kept until the backward, so the plan counts it
+        (:func:`remat.executor.checkpoint_calls.apply_checkpoint_per_call`); given a result
+        it is refused (the graph the result was solved on decides what it counts).
     """
     from remat.executor.module import apply_checkpoint, remove
 
@@ -423,7 +433,17 @@ def apply(
         if result is None and replan is not None:
             from remat.executor.checkpoint_calls import apply_checkpoint_per_call
 
-            return apply_checkpoint_per_call(model, replan, loss_fn=loss_fn)
+            return apply_checkpoint_per_call(
+                model, replan, loss_fn=loss_fn, return_outputs=return_outputs
+            )
+        if return_outputs:
+            raise ExecutorError(
+                "remat.apply(mode='checkpoint') runs the model's own forward, which always "
+                "returns its output; return_outputs=True has no effect given a result (its "
+                "graph decides what the plan counts): to plan a loop that keeps the output "
+                "through its backward, use remat.enable(model, budget, mode='checkpoint', "
+                "return_outputs=True)"
+            )
         return apply_checkpoint(
             model, result, graph, example_inputs=example_inputs, loss_fn=loss_fn
         )
@@ -483,4 +503,20 @@ def planned_steps(model: nn.Module) -> list[PlannedStep]:
     return list(applied.steps.values())
 
 
-__all__ = ["PlannedStep", "apply", "planned_steps"]
+def probe_steps(model: nn.Module, probe: Callable[[int], None] | None) -> None:
+    """Compile the planned steps of a model given to :func:`apply` again, calling
+    ``probe(i)`` after the plan's step ``i`` runs (None: without a probe, as :func:`apply`
+    compiles them). For timing or memory checks per plan step (``benchmarks/trainers.py
+    --breakdown``): the probe's own calls cost time, so time a probed step only for its
+    shares, never as the step's time. Steps captured later are compiled without it.
+    """
+    applied = getattr(model, "_remat_applied", None)
+    if not isinstance(applied, _Applied):
+        raise ExecutorError("probe_steps needs a model given to remat.apply (mode='op')")
+    for sig, step in applied.steps.items():
+        params = list(model.parameters())
+        device = params[0].device if params else torch.device("cpu")
+        applied.steps[sig] = _compile(step.capture, step.plan, device, probe)
+
+
+__all__ = ["PlannedStep", "apply", "planned_steps", "probe_steps"]

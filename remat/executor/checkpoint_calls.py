@@ -41,6 +41,8 @@ class _PerCall:
     installed: tuple[Any, ...] | None = None
     originals: dict[str, Any] = field(default_factory=dict)
     capturing: bool = False
+    return_outputs: bool = False
+    """Trace each signature with the model's other outputs held until the backward."""
 
     @property
     def plan(self) -> ModulePlan | None:
@@ -62,10 +64,20 @@ class _PerCall:
             self.capturing = True
             try:
                 with _disable_current_modes():  # a caller's memory tracker sees no fake tensor
-                    cap = trace_capture(model, example(args, kwargs), self.loss_fn)
+                    cap = trace_capture(
+                        model,
+                        example(args, kwargs),
+                        self.loss_fn,
+                        return_outputs=self.return_outputs,
+                    )
             finally:
                 self.capturing = False
             graph = cap.graph
+            if self.return_outputs and cap.returned_fx:
+                from remat.tracer.joint_passes import held_until_backward
+
+                held = [cap.fx_value[n.name] for n in cap.returned_fx]
+                graph = held_until_backward(graph, cap.tangent_value, held, through_backward=True)
             result = self.replan(graph)
             self.plans[sig] = regions_plan(graph, checked_plan(graph, result))
             self.results[sig] = result
@@ -73,17 +85,22 @@ class _PerCall:
 
 
 def apply_checkpoint_per_call(
-    model: nn.Module, replan: Replan, *, loss_fn: Any = None
+    model: nn.Module, replan: Replan, *, loss_fn: Any = None, return_outputs: bool = False
 ) -> nn.Module:
     """Run ``model``'s training calls in checkpoint regions planned per call signature by
     ``replan(graph) -> result`` (a plan of the checkpoint class: solve with
     ``executor="checkpoint"``). ``loss_fn``: the loss the capture traces (None: the model's own
-    loss, or its output); the model's ``forward`` still returns its own output. Returns
-    ``model``; :func:`remat.executor.remove` undoes it."""
+    loss, or its output); the model's ``forward`` still returns its own output. With
+    ``return_outputs``, each signature is traced as a loop that keeps that output until its
+    backward (``out = model(**batch); out.loss.backward()``): the plan holds the output's other
+    tensors (the logits) until the backward part begins and counts them in its peak; without,
+    the plan takes them as dropped once the loss is computed (as ``Trainer`` does), and a loop
+    that keeps them measures their size above the predicted peak. Returns ``model``;
+    :func:`remat.executor.remove` undoes it."""
     if getattr(model, "_remat_applied", None) is not None:
         remove(model)
     unmodified = model.forward
-    state = _PerCall(replan, loss_fn, model.__dict__.get("forward"))
+    state = _PerCall(replan, loss_fn, model.__dict__.get("forward"), return_outputs=return_outputs)
 
     @functools.wraps(unmodified)
     def forward(*args: Any, **kwargs: Any) -> Any:

@@ -222,12 +222,16 @@ def strip_returned(joint: torch.fx.GraphModule, start: int, count: int) -> list[
     return nodes
 
 
-def held_until_backward(graph: Graph, tangent: str, held: Sequence[str]) -> Graph:
+def held_until_backward(
+    graph: Graph, tangent: str, held: Sequence[str], *, through_backward: bool = False
+) -> Graph:
     """``graph`` with the ``held`` values among the inputs of every node that reads the loss's
-    gradient: the forward returns them, so no plan may free them before its backward part."""
+    gradient: the forward returns them, so no plan may free them before its backward part.
+    With ``through_backward``, among the inputs of every backward node too: the caller keeps
+    them until its backward returns (``out = model(**batch); out.loss.backward()``)."""
 
     def more(n: Node) -> Node:
-        if tangent not in n.inputs:
+        if tangent not in n.inputs and not (through_backward and n.phase == "backward"):
             return n
         extra = tuple(v for v in dict.fromkeys(held) if v not in n.inputs)
         return n.model_copy(update={"inputs": (*n.inputs, *extra)})

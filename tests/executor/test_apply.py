@@ -217,3 +217,27 @@ def test_a_plan_over_its_budget_is_refused_unless_asked(mode: str) -> None:
     for name, p in run.named_parameters():
         assert torch.equal(p.grad, grads[name]), name
     assert mem.peak_bytes > result.budget_bytes  # what it was asked to do, measured
+
+
+def test_probe_steps_calls_the_probe_after_every_plan_step_and_keeps_the_gradients() -> None:
+    from remat.executor.autograd import probe_steps
+
+    _model, inputs, _loss_fn, cap, grads = _setup("gpt")
+    result = remat.solve(cap.graph, 0.5, solver="checkpoint-all")
+    run = _applied("gpt", result)
+    seen: list[int] = []
+    probe_steps(run, seen.append)
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        run(*inputs).backward()
+    (step,) = planned_steps(run)
+    assert seen == list(range(len(step.plan.steps)))
+    for name, p in run.named_parameters():
+        assert torch.equal(p.grad, grads[name]), name
+    probe_steps(run, None)
+    seen.clear()
+    run.zero_grad(set_to_none=True)
+    run(*inputs).backward()
+    assert seen == []
+    with pytest.raises(ExecutorError, match=r"probe_steps needs a model given to remat\.apply"):
+        probe_steps(copy.deepcopy(_model), seen.append)

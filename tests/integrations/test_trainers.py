@@ -350,6 +350,48 @@ def test_enable_returns_the_logits_in_op_mode_counted_until_the_backward() -> No
         (out.loss + out.logits.sum()).backward()
 
 
+def test_enable_in_checkpoint_mode_counts_the_kept_output_with_return_outputs() -> None:
+    """Checkpoint mode returns the model's own output; return_outputs=True plans a loop that
+    keeps it through its backward (``out = model(**batch); out.loss.backward()``): the
+    tracker measures the predicted peak, logits included, and the gradients are the plain
+    model's. Without it the plan takes the logits as dropped once the loss is made (as
+    Trainer does), and the same loop measures their size above the prediction. Given a
+    result instead of a budget, return_outputs=True in checkpoint mode is refused."""
+    from remat.executor import measure
+    from remat.executor.checkpoint_calls import per_call_results
+    from remat.ir import simulate
+
+    plain = tiny_gpt2().train()
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    logits_bytes = 4 * 16 * 64 * 4
+    torch.manual_seed(5)
+    plain(**batch).loss.backward()
+    above: dict[bool, int] = {}
+    for kept in (False, True):
+        planned = copy.deepcopy(plain)
+        planned.zero_grad(set_to_none=True)
+        remat.enable(planned, budget="90%", time_limit_s=2, mode="checkpoint",
+                     return_outputs=kept)  # fmt: skip
+
+        def loop(model: Any = planned) -> None:
+            out = model(**batch)
+            out.loss.backward()
+
+        torch.manual_seed(5)
+        measured = measure(planned, batch, step=loop).peak_dynamic_bytes
+        for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), (kept, n)
+        (result,) = per_call_results(planned)
+        assert result.plan is not None and result.graph is not None
+        above[kept] = measured - simulate(result.graph, result.plan).peak_dynamic_bytes
+    assert above == {False: logits_bytes, True: 0}
+    graph = remat.trace(plain, batch)
+    result = remat.solve(graph, "90%", executor="checkpoint", time_limit_s=2)
+    with pytest.raises(remat.RematError, match="return_outputs=True has no effect"):
+        remat.apply(copy.deepcopy(plain), result, mode="checkpoint", return_outputs=True)
+
+
 def test_trainer_bf16_on_the_cpu_in_both_modes(tmp_path: Path) -> None:
     """TrainingArguments(bf16=True, use_cpu=True): Accelerate runs the forward under CPU bf16
     autocast; the capture sees it (the graph holds bf16 values), the plan runs its traced
@@ -369,10 +411,17 @@ def test_trainer_bf16_on_the_cpu_in_both_modes(tmp_path: Path) -> None:
         assert any(v.dtype == "bfloat16" for v in step.graph.values), mode
 
 
-def test_accelerate_bf16_on_the_cpu() -> None:
+@pytest.mark.parametrize(("mode", "budget"), [("op", "50%"), ("checkpoint", "70%")])
+def test_accelerate_bf16_on_the_cpu(mode: str, budget: str) -> None:
+    """Accelerator(mixed_precision="bf16") on the CPU, in both modes: the losses and weights
+    of two steps equal the plain model's under the same autocast, and the plan was made for
+    the bf16 step (its graph holds bf16 values)."""
     accelerate = _need("accelerate")
+    # Accelerate keeps one process-wide state, and refuses another precision once an earlier
+    # test's Trainer or Accelerator has set one (as accelerate's own test cases, reset it)
+    accelerate.state.AcceleratorState._reset_state(True)
     plain = tiny_gpt2().train()
-    planned = remat.enable(copy.deepcopy(plain), budget="50%", time_limit_s=2)
+    planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=2, mode=mode)
     losses: dict[str, list[float]] = {}
     for name, model in (("plain", plain), ("remat", planned)):
         acc = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
@@ -390,3 +439,12 @@ def test_accelerate_bf16_on_the_cpu() -> None:
     assert len(losses["remat"]) == 2 and losses["remat"] == losses["plain"]
     for (n, p), q in zip(plain.named_parameters(), planned.parameters(), strict=True):
         assert torch.equal(p, q), n
+    if mode == "op":
+        (step,) = remat.executor.planned_steps(planned)
+        graph = step.graph
+    else:
+        from remat.executor.checkpoint_calls import per_call_results
+
+        (result,) = per_call_results(planned)
+        graph = result.graph
+    assert graph is not None and any(v.dtype == "bfloat16" for v in graph.values)
