@@ -1,9 +1,6 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
 # Both create .venv when it is missing and install the project with its dev extras through
 # constraints.txt, which pins torch==2.13.0 (an unpinned torch pulls a multi-GB CUDA build).
-# --no-compile: pip's byte-compiling of every installed module (torch, transformers, mypy...)
-# took a minute of the install on 2 cores; Python compiles the modules it imports, once, when
-# it first imports them (about 12 s for torch, transformers and remat).
 
 PYTHON ?= python3
 VENV := .venv
@@ -18,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 lint: $(STAMP)
