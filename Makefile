@@ -1,6 +1,13 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
 # Both create .venv when it is missing and install the project with its dev extras through
 # constraints.txt, which pins torch==2.13.0 (an unpinned torch pulls a multi-GB CUDA build).
+# pip does not byte-compile (--no-compile: all of torch, transformers and mypy took about 70 s
+# of the install on 2 cores); the project's interpreters compile what they import, once, and
+# keep it in __pycache__, which PYTHONDONTWRITEBYTECODE=1 in the caller's environment would
+# forbid (every fresh interpreter, each doc page, CLI run and service worker, would recompile
+# torch: CI's pytest took 16:45), so it is not passed on to the recipes.
+
+unexport PYTHONDONTWRITEBYTECODE
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,7 +22,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 lint: $(STAMP)

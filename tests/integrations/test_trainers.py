@@ -100,7 +100,7 @@ def test_trainer_trains_the_enabled_model_as_the_plain_one(
     with caplog.at_level(logging.INFO, logger="remat"):
         # the checkpoint class reaches about 55% on this model, op-level plans lower
         budget = "50%" if mode == "op" else "70%"
-        remat.enable(planned, budget=budget, time_limit_s=2, mode=mode)
+        remat.enable(planned, budget=budget, time_limit_s=0.5, mode=mode)
         assert type(planned) is type(plain) and not caplog.records  # nothing traced yet
         ref, _ = _train(plain, tmp_path / "plain", gradient_accumulation_steps=accumulation)
         got, trainer = _train(planned, tmp_path / "remat", gradient_accumulation_steps=accumulation)
@@ -129,7 +129,7 @@ def test_trainer_trains_the_enabled_model_as_the_plain_one(
 def test_enable_keeps_outputs_state_dict_and_disable_restores(tmp_path: Path) -> None:
     model = tiny_gpt2().train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    remat.enable(model, budget="50%", time_limit_s=2)
+    remat.enable(model, budget="50%", time_limit_s=0.5)
     batch = Rows(n=2)[0]
     batch = {k: v[None] for k, v in batch.items()}
     out = model(**batch)
@@ -155,7 +155,7 @@ def test_enable_runs_with_the_configs_cache_default_on(tiny_llama: Any) -> None:
     plain = tiny_llama
     assert plain.config.use_cache
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=2)
+    remat.enable(planned, budget="50%", time_limit_s=0.5)
     ids = torch.randint(0, 64, (2, 16))
     planned(input_ids=ids, labels=ids).loss.backward()
     plain(input_ids=ids, labels=ids, use_cache=False).loss.backward()
@@ -165,7 +165,7 @@ def test_enable_runs_with_the_configs_cache_default_on(tiny_llama: Any) -> None:
 
 def test_enable_refuses_a_budget_nothing_fits() -> None:
     model = tiny_gpt2().train()
-    remat.enable(model, budget="1KiB")
+    remat.enable(model, budget="1KiB", time_limit_s=0.5)
     batch = {k: v[None] for k, v in Rows(n=1)[0].items()}
     with pytest.raises(remat.RematError, match=r"no plan for GPT2LMHeadModel .* fits 1\.00 KiB"):
         model(**batch)
@@ -175,7 +175,7 @@ def test_accelerate_prepare_backward_and_accumulate() -> None:
     accelerate = _need("accelerate")
     plain = tiny_gpt2().train()
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=2)
+    remat.enable(planned, budget="50%", time_limit_s=0.5)
     data = torch.utils.data.DataLoader(Rows(n=8), batch_size=2)
     losses: dict[str, list[float]] = {}
     for name, model in (("plain", plain), ("remat", planned)):
@@ -217,7 +217,7 @@ def test_lightning_training_step(tmp_path: Path) -> None:
     for name in ("plain", "remat"):
         model = tiny_gpt2()
         if name == "remat":
-            remat.enable(model, budget="50%", time_limit_s=2)
+            remat.enable(model, budget="50%", time_limit_s=0.5)
         module = Module(model)
         trainer = pl.Trainer(
             accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
@@ -251,7 +251,7 @@ def test_a_padded_batch_is_planned_apart_from_an_unpadded_one() -> None:
     another step, planned on its own, and both give the plain model's loss."""
     plain = tiny_gpt2().train()
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=2)
+    remat.enable(planned, budget="50%", time_limit_s=0.5)
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     full = torch.ones_like(ids)
     padded = full.clone()
@@ -280,7 +280,7 @@ def test_enable_in_checkpoint_mode_with_the_configs_cache_default_on(tiny_llama:
     planned = copy.deepcopy(plain).train()
     own = {path for path, m in planned.named_modules() if "forward" in m.__dict__}
     # one layer: the checkpoint class recomputes at 90%, not much lower
-    remat.enable(planned, budget="90%", time_limit_s=2, mode="checkpoint")
+    remat.enable(planned, budget="90%", time_limit_s=0.5, mode="checkpoint")
     for seq in (16, 8):
         ids = torch.randint(0, 64, (2, seq), generator=torch.Generator().manual_seed(seq))
         # labels in their own storage, as a collator gives them (the graph counts each input
@@ -321,7 +321,7 @@ def test_enable_returns_the_logits_in_op_mode_counted_until_the_backward() -> No
 
     plain = tiny_gpt2().train()
     planned = copy.deepcopy(plain)
-    remat.enable(planned, budget="50%", time_limit_s=2, return_outputs=True)
+    remat.enable(planned, budget="50%", time_limit_s=0.5, return_outputs=True)
     ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     torch.manual_seed(5)
@@ -371,7 +371,7 @@ def test_enable_in_checkpoint_mode_counts_the_kept_output_with_return_outputs() 
     for kept in (False, True):
         planned = copy.deepcopy(plain)
         planned.zero_grad(set_to_none=True)
-        remat.enable(planned, budget="90%", time_limit_s=2, mode="checkpoint",
+        remat.enable(planned, budget="90%", time_limit_s=0.5, mode="checkpoint",
                      return_outputs=kept)  # fmt: skip
 
         def loop(model: Any = planned) -> None:
@@ -387,7 +387,7 @@ def test_enable_in_checkpoint_mode_counts_the_kept_output_with_return_outputs() 
         above[kept] = measured - simulate(result.graph, result.plan).peak_dynamic_bytes
     assert above == {False: logits_bytes, True: 0}
     graph = remat.trace(plain, batch)
-    result = remat.solve(graph, "90%", executor="checkpoint", time_limit_s=2)
+    result = remat.solve(graph, "90%", executor="checkpoint", time_limit_s=0.5)
     with pytest.raises(remat.RematError, match="return_outputs=True has no effect"):
         remat.apply(copy.deepcopy(plain), result, mode="checkpoint", return_outputs=True)
 
@@ -399,7 +399,7 @@ def test_trainer_bf16_on_the_cpu_in_both_modes(tmp_path: Path) -> None:
     plain = tiny_gpt2()
     ref, _ = _train(copy.deepcopy(plain), tmp_path / "plain", bf16=True)
     for mode, budget in (("op", "50%"), ("checkpoint", "70%")):
-        planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=2, mode=mode)
+        planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=0.5, mode=mode)
         got, _ = _train(planned, tmp_path / mode, bf16=True)
         assert len(got) == STEPS and got == ref, mode
         if mode == "op":
@@ -421,7 +421,7 @@ def test_accelerate_bf16_on_the_cpu(mode: str, budget: str) -> None:
     # test's Trainer or Accelerator has set one (as accelerate's own test cases, reset it)
     accelerate.state.AcceleratorState._reset_state(True)
     plain = tiny_gpt2().train()
-    planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=2, mode=mode)
+    planned = remat.enable(copy.deepcopy(plain), budget=budget, time_limit_s=0.5, mode=mode)
     losses: dict[str, list[float]] = {}
     for name, model in (("plain", plain), ("remat", planned)):
         acc = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
