@@ -295,6 +295,11 @@ class _Planner:
         self.host.prefetch(v, self.now)
         self.resident[v] = True
         self.cur += size
+        # evictable again at once (to the host without a transfer while its copy is valid):
+        # a prefetched value that nothing could evict until its read left the planner no
+        # room on the 7B Llama step at 15%, and it recomputed through the backward
+        if self.f.pinned_until[v] <= self.target and self.f.producer[v] >= 0:
+            self._add_cand(v)
 
     def _settle(self, v: int) -> None:
         """After a compute read or made ``v``: free it if dead, else offer it for eviction."""

@@ -60,14 +60,33 @@ def test_never_below_the_exact_optimum_and_fits_when_it_says_so(
 
 def test_plans_a_random_layered_dag_that_needs_backward_recomputation() -> None:
     # At 70% the restricted MILP (backward nodes run once) has no schedule on this graph.
+    # Recompute only: the graph's A100 profile has a host link, on which dtr offloads instead.
     g = random_layered_dag(20)
     b = frac_budget(g, 0.7)
-    r = solver.get("dtr")(g, b)
+    r = solver.get("dtr")(g, b, offload=False)
     assert r.status == "feasible" and r.plan is not None
     assert r.peak_bytes is not None and r.peak_bytes <= b
     counts = r.plan.compute_counts()
     assert all(counts[n.id] >= 1 for n in g.nodes)
     assert any(counts[n.id] > 1 for n in g.backward_nodes)  # backward nodes run again
+
+
+def test_a_value_prefetched_from_the_host_can_be_evicted_again() -> None:
+    # A value brought back from the host was not a candidate until its read: early prefetches
+    # filled the free room with values nothing could evict, the planner found no room and
+    # recomputed through the backward (here every host run failed and dtr fell back to its
+    # +156% recompute-only plan; on the 7B Llama step at 15% they thrashed). Evictable, and
+    # evicted again without a transfer while its host copy is valid, the plan is +5.1%.
+    g = random_layered_dag(20)
+    b = frac_budget(g, 0.7)
+    alone = solver.get("dtr")(g, b, offload=False)
+    r = solver.get("dtr")(g, b, combine=False)
+    assert r.fits and r.plan is not None and r.peak_bytes is not None and r.peak_bytes <= b
+    assert "evicted to the host" in r.message
+    steps = r.plan.steps
+    assert any(s.op == "offload" for s in steps) and any(s.op == "prefetch" for s in steps)
+    assert r.overhead is not None and alone.overhead is not None
+    assert r.overhead < 0.1 < 1.0 < alone.overhead
 
 
 @pytest.mark.parametrize("heuristic", ["dtr", "next-use"])
