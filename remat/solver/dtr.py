@@ -154,9 +154,11 @@ class _Planner:
         backward_last: bool,
         deadline: Deadline,
         host: HostLane | None = None,
+        evict_prefetched: bool = False,
     ) -> None:
         self.f = facts
         self.host = host
+        self.evict_prefetched = evict_prefetched
         self.limit = limit_bytes
         self.make = make
         self.heuristic = heuristic
@@ -295,10 +297,10 @@ class _Planner:
         self.host.prefetch(v, self.now)
         self.resident[v] = True
         self.cur += size
-        # evictable again at once (to the host without a transfer while its copy is valid):
-        # a prefetched value that nothing could evict until its read left the planner no
-        # room on the 7B Llama step at 15%, and it recomputed through the backward
-        if self.f.pinned_until[v] <= self.target and self.f.producer[v] >= 0:
+        # with evict_prefetched, evictable again at once (to the host without a transfer
+        # while its copy is valid), not only after its read: see solve_dtr
+        f = self.f
+        if self.evict_prefetched and f.pinned_until[v] <= self.target and f.producer[v] >= 0:
             self._add_cand(v)
 
     def _settle(self, v: int) -> None:
@@ -427,11 +429,13 @@ def dtr_plan(
     backward_last: bool = True,
     deadline: Deadline | None = None,
     to_host: HostOrder | None = None,
+    evict_prefetched: bool = False,
 ) -> tuple[Plan, bool]:
     """The DTR policy's plan under ``limit_bytes`` dynamic bytes, and whether every allocation
     found room (False: the plan peaks above the limit); with ``to_host``, evicting to the host
     over the graph's link where it hides the round trip, those candidates ranked in that order
-    (:mod:`remat.solver.dtr_host`)."""
+    (:mod:`remat.solver.dtr_host`); with ``evict_prefetched``, a value prefetched from the host
+    is an eviction candidate from its prefetch on, not only from its next read."""
     facts = graph.memo("dtr.facts", lambda: Facts.of(graph))
     lane = (
         HostLane(graph.link, facts.size, facts.uses, facts.node_time, order=to_host)
@@ -447,6 +451,7 @@ def dtr_plan(
         backward_last=backward_last,
         deadline=deadline if deadline is not None else Deadline(None),
         host=lane,
+        evict_prefetched=evict_prefetched,
     )
     return p.run(), not p.stuck
 
@@ -511,7 +516,7 @@ def solve_dtr(
     # copies that hold the compute stream hide under nothing: no eviction to the host then
     to_host = bool(offload) and graph.link.overlaps_compute
 
-    def fits(lim: int, host: HostOrder | None) -> bool:
+    def fits(lim: int, host: HostOrder | None, again: bool) -> bool:
         nonlocal thrashed
         try:
             plan, _ = dtr_plan(
@@ -522,6 +527,7 @@ def solve_dtr(
                 backward_last=backward_last,
                 deadline=deadline,
                 to_host=host,
+                evict_prefetched=again,
             )
         except Thrashing:
             thrashed += 1
@@ -530,10 +536,10 @@ def solve_dtr(
         attempts.append(a)
         return a.result.fits
 
-    def search(host: HostOrder | None) -> bool:
+    def search(host: HostOrder | None, again: bool = False) -> bool:
         """Bisect for the highest internal limit that fits; whether one did."""
         first, thrash0 = len(attempts), thrashed
-        if not fits(limit, host) and limit > 0:
+        if not fits(limit, host, again) and limit > 0:
             if host is not None and thrashed > thrash0:
                 # evicting to the host thrashed at the budget itself: at lower limits it did
                 # too (4.5 s a run on the 7B Llama step at 15%, 52 s for the bisection)
@@ -546,7 +552,7 @@ def solve_dtr(
                 mid = (lo + hi) // 2
                 if hi - lo <= max(1, limit // 1000):
                     break
-                if fits(mid, host):
+                if fits(mid, host, again):
                     lo = mid
                 else:
                     hi = mid
@@ -560,6 +566,13 @@ def solve_dtr(
         # at 30%, where the score gave +6.0%); the fastest plan wins
         if to_host and not search("far"):
             search("score")
+        if to_host:
+            # prefetched values evictable at once too: early prefetches then cannot fill the
+            # room with values nothing can evict (on a 46-node random DAG at 70% every host
+            # run above failed, +156%, and this one gives +5.1%; on the 7B Llama step at 15%
+            # they thrashed), but on ViT-L and the U-Net below recompute-only's floor it
+            # was slower (+353% against +68%, +61% against +56%): both, the fastest wins
+            search("far", again=True)
     except Expired:
         timed_out = True
     tries = len(attempts) + thrashed

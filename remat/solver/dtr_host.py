@@ -16,8 +16,8 @@ holds in the simulation:
   only if its copy ends by the current compute: the device bytes are then released, in the
   simulator too, before the compute that needed the room;
 * a value already copied once (its host copy is still valid) is offloaded again at once,
-  without a transfer; a prefetched value is an eviction candidate from its prefetch on (one
-  that nothing could evict until its read filled the room early prefetches took);
+  without a transfer; a prefetched value is an eviction candidate from its next read on, or,
+  in a second run (``evict_prefetched``), from its prefetch on;
 * a prefetch is issued at the last compute boundary from which it still ends
   :data:`~remat.solver.offload.PREFETCH_LEAD` times its copy time before the next read, by the
   stall-free clock in graph order (recomputations only push that read later);

@@ -72,11 +72,11 @@ def test_plans_a_random_layered_dag_that_needs_backward_recomputation() -> None:
 
 
 def test_a_value_prefetched_from_the_host_can_be_evicted_again() -> None:
-    # A value brought back from the host was not a candidate until its read: early prefetches
-    # filled the free room with values nothing could evict, the planner found no room and
-    # recomputed through the backward (here every host run failed and dtr fell back to its
-    # +156% recompute-only plan; on the 7B Llama step at 15% they thrashed). Evictable, and
-    # evicted again without a transfer while its host copy is valid, the plan is +5.1%.
+    # A value brought back from the host is no candidate until its read: early prefetches
+    # fill the free room with values nothing can evict, the planner finds no room and
+    # recomputes through the backward (here every such host run fails, and dtr fell back to
+    # its +156% recompute-only plan). dtr's second host run makes them evictable at once
+    # (again to the host, without a transfer, while their copy is valid): +5.1%.
     g = random_layered_dag(20)
     b = frac_budget(g, 0.7)
     alone = solver.get("dtr")(g, b, offload=False)
