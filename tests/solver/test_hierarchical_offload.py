@@ -68,12 +68,13 @@ def test_the_dp_offloads_blocks_where_the_link_is_idle() -> None:
     b = budget(g, 0.5)
     dp_s, dp_peak, dp_host = judged(g, solve(0.5, True, combine=False), b)
     off_s, off_peak, _ = judged(g, solve(0.5, False), b)
-    assert dp_s < off_s * 0.95  # +10.2% against +17.4% on this graph
-    assert (dp_peak, dp_host) == (1451612164, 598278144)
+    # +5.1% against +17.4% on this graph (+10.2% without the link cap: 0.94 of it)
+    assert dp_s < off_s * 0.92
+    assert (dp_peak, dp_host) == (1464195076, 781189120)
     assert off_peak == 1464260612
     # with the combination: plans for larger budgets offloaded down to this one, faster still
     on_s, on_peak, on_host = judged(g, solve(0.5, True), b)
-    assert on_s < dp_s * 0.95  # +0.5%
+    assert on_s < dp_s * 0.97  # +0.5%
     assert (on_peak, on_host) == (1465571332, 754974720)
 
 
@@ -99,11 +100,11 @@ def test_the_host_budget_bounds_the_offloads() -> None:
     r = solver.get("hierarchical")(tiny, b)
     judged(tiny, r, b)
     assert offloads(r.plan) == 0 and r.plan == off.plan
-    # half of what the DP's plan holds on the host without a host budget: the DP offloads
-    # only the earliest blocks that fit there together, and still beats recompute only
+    # under half of what the DP's plan holds on the host without a host budget: the DP
+    # offloads only the earliest blocks that fit there together, and still beats recompute only
     dp = solve(0.5, True, combine=False).figures
-    assert dp is not None and dp.host_peak_bytes == 598278144
-    cap = dp.host_peak_bytes // 2
+    assert dp is not None and dp.host_peak_bytes == 781189120
+    cap = 299_139_072
     small = _with_link(g, g.link.model_copy(update={"host_memory_bytes": cap}))
     r = solver.get("hierarchical")(small, b, combine=False)
     t, _, host = judged(small, r, b)
