@@ -260,11 +260,12 @@ def _groupings(graph: Graph, cuts: CutKind) -> tuple[int, ...]:
 
 
 def host_blocks(ch: Chain, host_bytes: int | None) -> list[bool]:
-    """Which blocks of ``ch`` the DP may offload: every one when ``host_bytes`` (the host
-    budget, None: unbounded) holds all their activations at once, else the earliest blocks
-    whose activations fit in it together (an earlier block's copy has the most compute to
-    hide under). However many of them a schedule offloads, they fit on the host: each block's
-    activations are on the host at most once, from its forward to its backward."""
+    """Which blocks of ``ch`` the DP may offload: every one when ``host_bytes`` (a cap on
+    the bytes offloaded, at most the host budget; None: unbounded) holds all their activations
+    at once, else the earliest blocks whose activations fit in it together (an earlier block's
+    copy has the most compute to hide under). However many of them a schedule offloads, they
+    fit in the cap: each block's activations are on the host at most once, from its forward
+    to its backward."""
     if host_bytes is None:
         return [True] * ch.num_stages
     left = host_bytes
@@ -284,12 +285,11 @@ half, +15.9% uncapped; half wins where the compute the copies hide under is shor
 
 
 def _transfers(graph: Graph) -> list[Callable[[Chain], np.ndarray]]:
-    """One :func:`transfer_times` per distinct cap of :data:`LINK_SHARES` and the host
-    budget."""
-    host = graph.link.host_memory_bytes
-    reach = link_reach_bytes(graph)  # already capped by the host budget
+    """One :func:`transfer_times` per distinct cap of :data:`LINK_SHARES` (the link's reach
+    is at most the host budget, so every cap is too)."""
+    reach = link_reach_bytes(graph)
     caps = dict.fromkeys(int(f * reach) for f in LINK_SHARES)
-    return [transfer_times(graph, cap if host is None else min(cap, host)) for cap in caps]
+    return [transfer_times(graph, cap) for cap in caps]
 
 
 def transfer_times(graph: Graph, cap_bytes: int | None) -> Callable[[Chain], np.ndarray]:
