@@ -10,6 +10,9 @@ from __future__ import annotations
 import functools
 
 import pytest
+from _graphs import random_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_offload import _unrecomputable_chain, _with_link
 
 from remat import solver
@@ -60,6 +63,22 @@ def test_never_slower_than_recompute_only(frac: float) -> None:
     off_s, _, off_host = judged(g, solve(frac, False), b)
     assert on_s <= off_s * (1 + 1e-9)
     assert off_host == 0 and on_host > 0
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), ops=st.integers(2, 4), frac=st.sampled_from([0.8, 0.6, 0.4]))
+def test_never_slower_on_random_steps(seed: int, ops: int, frac: float) -> None:
+    # the recompute-only candidates are all still there (no time limit: the same ones), so
+    # offloading can only add faster plans; every plan is judged by the simulator
+    g = random_step(seed, ops)
+    b = budget(g, frac)
+    off = solver.get("hierarchical")(g, b, offload=False)
+    on = solver.get("hierarchical")(g, b, offload=True)
+    if off.fits:
+        on_s, _, _ = judged(g, on, b)
+        assert on_s <= (off.total_time_s or 0) * (1 + 1e-9)
+    elif on.fits:
+        judged(g, on, b)
 
 
 def test_the_dp_offloads_blocks_where_the_link_is_idle() -> None:
