@@ -281,6 +281,7 @@ def solve_auto(
                 share,
                 start_plans=_plans(results, fitting_only=False, only="rotor"),
                 good_enough_s=_bound(results, base, proven) * (1 + gap_tolerance / 4),
+                offload=False,  # a recompute-only method here: offloading is its own step
             )
         elif name == DTR_NEXT_USE:
             run("dtr", share, heuristic="next-use", offload=False)
@@ -388,7 +389,10 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
         # dtr first on a small share (it takes under a second on 8,000 nodes), hierarchical
         # with the rest: on short limits it falls back to rotor's plan, which on a 70B Llama
         # step did not fit at all where 4 s gave +2.0%
-        for name, opts, part in (("dtr", {"offload": False}, 0.25), ("hierarchical", {}, 1.0)):
+        for name, opts, part in (
+            ("dtr", {"offload": False}, 0.25),
+            ("hierarchical", {"offload": False}, 1.0),
+        ):
             left = dl.left_s()
             if left <= 0:
                 break
