@@ -303,27 +303,21 @@ def solve_auto(
         near = _near_eager(results, base, gap_tolerance)
         if not near:
             _combine(problem, results, max(0.1, share))
-        if not near and problem.time_left_s() > 0.1:
-            # hierarchical with whole blocks offloaded in its DP and its own plans for larger
-            # budgets offloaded down (from one table, cheaper than the combination's solves):
-            # on the 7B Llama bf16 step +7.4% / +13.1% at 30% / 15%, where the combination
-            # alone gave +7.9% / +13.9%
+        # then hierarchical with whole blocks offloaded in its DP and its own plans for larger
+        # budgets offloaded down (from one table, cheaper than the combination's solves): on
+        # the 7B Llama bf16 step (60 s) +7.4% / +13.1% at 30% / 15%, where the combination alone
+        # gave +7.9% / +13.9%. pofo last: its plans lost to the combination on every model of
+        # benchmarks/offload.py, and before it, it took the time the combination needs (7B
+        # Llama at 10%: +29.8% with pofo first, +17.1% without); its own combination is off.
+        # Both keep rotor's plan when faster (rotor's is handed over).
+        for name, opts in (("hierarchical", {"offload": True}), ("pofo", {"combine": False})):
+            if near or problem.time_left_s() <= 0.1:
+                break
             run(
-                "hierarchical",
+                name,
                 max(0.1, min(problem.time_left_s(), 0.25 * limit)),
                 start_plans=_plans(results, fitting_only=False, only="rotor"),
-                offload=True,
-            )
-        if not near and problem.time_left_s() > 0.1:
-            # pofo after it: its plans lost to the combination on every model of
-            # benchmarks/offload.py, and before it, it took the time the combination needs
-            # (7B Llama at 10%: +29.8% with pofo first, +17.1% without); it keeps rotor's
-            # plan when faster (rotor's is handed over); its own combination is off
-            run(
-                "pofo",
-                max(0.1, min(problem.time_left_s(), 0.25 * limit)),
-                start_plans=_plans(results, fitting_only=False, only="rotor"),
-                combine=False,
+                **opts,
             )
         if graph.num_nodes <= POET_MAX_NODES and problem.time_left_s() > 0.1:
             # the exact MILP of recomputation and paging on tiny graphs (seconds at 16
