@@ -101,6 +101,9 @@ def test_auto_is_never_slower_than_dtr_evicting_to_the_host() -> None:
     g = _with_link(chain(32), FAST)
     b = _budget(g, 0.3)
     d = solver.solve(g, b, solver="dtr", combine=False)
-    r = solver.solve(g, b, time_limit_s=2)
+    # 10 s: alone auto stops within gap_tolerance of its bound in about 0.5 s (dtr's host plan);
+    # with 2 s, auto's shares run dtr's host eviction last, and under the suite's load the
+    # recompute-only methods took all of it
+    r = solver.solve(g, b, time_limit_s=10)
     assert d.fits and r.fits and d.total_time_s is not None and r.total_time_s is not None
     assert r.total_time_s <= d.total_time_s * (1 + 1e-9), r.message
