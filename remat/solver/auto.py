@@ -80,7 +80,7 @@ from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
-from remat.solver.offload import combine, combined_bound, offload_pass
+from remat.solver.offload import combine, combined_bound, has_host_link, offload_pass
 from remat.solver.poet import DEFAULT_MAX_NODES as POET_MAX_NODES
 from remat.solver.problem import Problem
 
@@ -176,7 +176,7 @@ def solve_auto(
     assert limit is not None
     graph = problem.graph
     if offload is None:
-        offload = graph.device is not None and graph.device.can_offload
+        offload = has_host_link(graph)
     base = problem.baseline_time_s
     eager = info("none").run(problem)
     if eager.fits:

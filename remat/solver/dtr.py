@@ -79,6 +79,7 @@ from remat.solver.deadline import Deadline, Expired, judging_s
 from remat.solver.dtr_facts import Facts
 from remat.solver.dtr_host import HostLane, HostOrder
 from remat.solver.offload import combine as combine_plans
+from remat.solver.offload import has_host_link
 from remat.solver.problem import Problem
 
 Heuristic = Literal["dtr", "next-use"]
@@ -512,7 +513,7 @@ def solve_dtr(
     attempts: list[_Attempt] = []
     thrashed = 0
     if offload is None:
-        offload = graph.device is not None and graph.device.can_offload
+        offload = has_host_link(graph)
     # copies that hold the compute stream hide under nothing: no eviction to the host then
     to_host = bool(offload) and graph.link.overlaps_compute
 

@@ -67,15 +67,15 @@ import numpy as np
 from pydantic import Field
 
 from remat.ir import Graph, InvalidPlanError, Plan
-from remat.ir.chain import Chain, CutKind, chain_view, expand
+from remat.ir.chain import Chain, CutKind, chain_view
 from remat.ir.result import Progress, SolveResult, best_result
 from remat.solver.base import register
 from remat.solver.blocks import boundary_keep_plan, stage_options
-from remat.solver.chain_dp import RotorTable, StageOption, fit_chain_plan, trivial_result
+from remat.solver.chain_dp import StageOption, fit_chain_plan, trivial_result
 from remat.solver.deadline import Deadline, judging_s
 from remat.solver.offload import combine as combine_plans
-from remat.solver.offload import link_reach_bytes
-from remat.solver.pofo import early_prefetch
+from remat.solver.offload import has_host_link, link_reach_bytes
+from remat.solver.pofo import copy_times, early_prefetch
 from remat.solver.problem import Problem
 from remat.solver.rotor import (
     RotorOptions,
@@ -146,11 +146,6 @@ def solve_hierarchical(
         Stop trying block sizes once a plan within the budget takes at most this long
         (``auto`` passes its proven bound plus its gap tolerance). A Python keyword too.
 
-    Raises
-    ------
-    TypeError
-        When ``offload`` or ``combine`` is not a bool (None too for ``offload``).
-
     References
     ----------
     O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Efficient Combination of Rematerialization and
@@ -158,17 +153,13 @@ def solve_hierarchical(
     X. Zhao et al., "Rockmate: an Efficient, Fast, Automatic and Generic Tool for
     Re-materialization in PyTorch", ICML 2023; its hierarchical successor HiRemate (2024).
     """
-    if offload is not None and not isinstance(offload, bool):
-        raise TypeError(f"offload must be a bool or None, got {offload!r}")
-    if not isinstance(combine, bool):
-        raise TypeError(f"combine must be a bool, got {combine!r}")
     t0 = time.perf_counter()
     triv = trivial_result(problem, NAME, t0)
     if triv is not None:
         return triv
     graph = problem.graph
     if offload is None:
-        offload = graph.device is not None and graph.device.can_offload
+        offload = has_host_link(graph)
     transfers = _transfers(graph) if offload else []
     deadline = Deadline(problem.deadline)
     keep_s = judging_s(graph.num_nodes, plans=3)
@@ -300,26 +291,11 @@ def transfer_times(graph: Graph, cap_bytes: int | None) -> Callable[[Chain], np.
     bw = min(link.device_to_host_bytes_per_s, link.host_to_device_bytes_per_s)
 
     def of(ch: Chain) -> np.ndarray:
-        ok = host_blocks(ch, cap_bytes)
-        times = [link.latency_s + st.all_bytes / bw for st in ch.stages]
-        return np.array([t if k else math.inf for t, k in zip(times, ok, strict=True)])
+        times = copy_times(ch, link.latency_s, bw)
+        times[~np.array(host_blocks(ch, cap_bytes), dtype=bool)] = math.inf
+        return times
 
     return of
-
-
-def _planner(ch: Chain, table: RotorTable, offload: bool) -> Callable[[int], Plan | None]:
-    """rotor's :func:`~remat.solver.rotor.planner`, with each prefetch one backward step
-    early when the DP may offload."""
-    if not offload:
-        return planner(ch, table)
-    root = table.cost[0, ch.num_stages]
-
-    def plan_for(m: int) -> Plan | None:
-        if m < 0 or m >= len(root) or not math.isfinite(root[m]):
-            return None
-        return expand(ch, early_prefetch(table.schedule(m)))
-
-    return plan_for
 
 
 OptionsOf = Callable[[Chain], tuple[tuple[StageOption, ...], ...]]
@@ -394,7 +370,7 @@ def _fit_dp(
     ch, table = got
     if not math.isfinite(table.cost[0, ch.num_stages][top]):
         return None
-    offload = transfer_of is not None
+    reorder = None if transfer_of is None else early_prefetch  # the copies one step early
 
     def refill(upper: int) -> Callable[[int], Plan | None] | None:
         more = table_within(
@@ -405,12 +381,12 @@ def _fit_dp(
             transfer_of=transfer_of,
             options_of=options_of,
         )
-        return None if more is None else _planner(*more, offload)
+        return None if more is None else planner(*more, reorder)
 
     keep_s = judging_s(problem.graph.num_nodes)
     try:
         r = fit_chain_plan(
-            problem, _planner(ch, table, offload), top, solver=NAME, started=t0, deadline=deadline
+            problem, planner(ch, table, reorder), top, solver=NAME, started=t0, deadline=deadline
         )
         return raise_chain_plan(problem, r, top, slot, refill, deadline, solver=NAME, started=t0)
     except InvalidPlanError:  # pragma: no cover - expand builds valid plans

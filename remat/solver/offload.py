@@ -237,6 +237,13 @@ LINK_REACH = (1.0, 0.8, 0.6, 1.25, 0.4, 0.2)
 :func:`combine` tries as the memory offloading takes off, the likeliest first."""
 
 
+def has_host_link(graph: Graph) -> bool:
+    """Whether the graph's device profile states a host link with a host memory budget: the
+    rule the solvers that offload (``auto``, ``dtr``, ``hierarchical``, ``poet``) do so by
+    default on (the local CPU's profile has no link)."""
+    return graph.device is not None and graph.device.can_offload
+
+
 def link_reach_bytes(graph: Graph) -> int:
     """Bytes the device-to-host link moves during the forward pass's compute time (capped by
     the host budget): about what offloading can take off a peak at the start of the backward

@@ -50,14 +50,14 @@ import time
 
 from pydantic import Field
 
-from remat.ir import Graph, GraphTooLargeError, InvalidPlanError, Plan, simulate
+from remat.ir import GraphTooLargeError, InvalidPlanError, Plan, simulate
 from remat.ir.result import SolveResult
 from remat.solver._mip import Backend
 from remat.solver.base import SolverOptions, register
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
 from remat.solver.milp import MAX_THREADS, fallback_plans
-from remat.solver.offload import combined_bound
+from remat.solver.offload import combined_bound, has_host_link
 from remat.solver.poet_model import build, read_plan
 from remat.solver.problem import Problem
 
@@ -67,12 +67,6 @@ value: about 1,500 at 16 nodes, solved in seconds)."""
 
 MAX_NODES_LIMIT = 40
 DEFAULT_TIME_LIMIT_S = 60.0
-
-
-def has_host_link(graph: Graph) -> bool:
-    """Whether the graph's device profile states a host link with a host memory budget, the
-    rule ``auto`` and ``dtr`` offload by default on (the local CPU's profile has no link)."""
-    return graph.device is not None and graph.device.can_offload
 
 
 class PoetOptions(SolverOptions):

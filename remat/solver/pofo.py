@@ -32,14 +32,21 @@ import numpy as np
 from pydantic import Field
 
 from remat.ir import Plan
-from remat.ir.chain import ChainOp, CutKind, expand
+from remat.ir.chain import Chain, ChainOp, CutKind
 from remat.ir.result import SolveResult
 from remat.solver.base import register
 from remat.solver.chain_dp import fit_chain_plan, min_chain_slots, trivial_result
 from remat.solver.deadline import Deadline, judging_s
 from remat.solver.offload import combine as combine_plans
 from remat.solver.problem import Problem
-from remat.solver.rotor import RotorOptions, dp_chain, memory_slots, rotor_within, table_within
+from remat.solver.rotor import (
+    RotorOptions,
+    dp_chain,
+    memory_slots,
+    planner,
+    rotor_within,
+    table_within,
+)
 
 
 def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
@@ -59,6 +66,12 @@ def early_prefetch(ops: list[ChainOp]) -> list[ChainOp]:
             op = out.pop(i)
             out.insert(j, op)
     return out
+
+
+def copy_times(ch: Chain, latency_s: float, bytes_per_s: float) -> np.ndarray:
+    """Per stage of ``ch``, the seconds to copy its activations one way: ``latency_s`` plus
+    its bytes at ``bytes_per_s`` (the DP's ``transfer_of``)."""
+    return np.array([latency_s + s.all_bytes / bytes_per_s for s in ch.stages], dtype=np.float64)
 
 
 class PofoOptions(RotorOptions):
@@ -160,9 +173,7 @@ def solve_pofo(
         slot,
         mem_slots,
         deadline.share(1.0, reserve_s=keep_s),
-        transfer_of=lambda c: np.array(
-            [latency + s.all_bytes / dp_bw for s in c.stages], dtype=np.float64
-        ),
+        transfer_of=lambda c: copy_times(c, latency, dp_bw),
     )
     if got is None:  # no time for the offloading DP: the start plans are POFO plans too
         if extra:
@@ -176,12 +187,7 @@ def solve_pofo(
         )
     ch, table = got
     root = table.cost[0, ch.num_stages]
-
-    def plan_for(m: int) -> Plan | None:
-        if m < 0 or not math.isfinite(root[m]):
-            return None
-        return expand(ch, early_prefetch(table.schedule(m)))
-
+    plan_for = planner(ch, table, early_prefetch)
     top = min(mem_slots, int(room // slot)) if room > 0 else -1
     if top >= 0 and not math.isfinite(root[top]):
         low = min_chain_slots(root)

@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import Field
 
 from remat.ir import Graph, InvalidPlanError, Plan
-from remat.ir.chain import Chain, CutKind, chain_of_cuts, chain_view, expand
+from remat.ir.chain import Chain, ChainOp, CutKind, chain_of_cuts, chain_view, expand
 from remat.ir.cuts import Cut
 from remat.ir.result import SolveResult, best_result, speed_key
 from remat.solver.base import SolverOptions, register
@@ -297,15 +297,21 @@ def _rotor_on(
     return raise_chain_plan(problem, r, top, slot, refill, deadline, solver=solver, started=t0)
 
 
-def planner(ch: Chain, table: RotorTable) -> Callable[[int], Plan | None]:
+def planner(
+    ch: Chain,
+    table: RotorTable,
+    reorder: Callable[[list[ChainOp]], list[ChainOp]] | None = None,
+) -> Callable[[int], Plan | None]:
     """``plan_for(m)``: the expanded schedule of ``table`` at ``m`` slots (None where the chain
-    has none)."""
+    has none), its ops passed through ``reorder`` first when given (pofo's
+    :func:`~remat.solver.pofo.early_prefetch`)."""
     root = table.cost[0, ch.num_stages]
 
     def plan_for(m: int) -> Plan | None:
         if m < 0 or m >= len(root) or not math.isfinite(root[m]):
             return None
-        return expand(ch, table.schedule(m))
+        ops = table.schedule(m)
+        return expand(ch, ops if reorder is None else reorder(ops))
 
     return plan_for
 
