@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from remat import solver
-from remat.ir import Graph, SolveResult, eager_plan, format_bytes, resolve_budget, simulate
+from remat.ir import (
+    Graph,
+    GraphTooLargeError,
+    SolveResult,
+    eager_plan,
+    format_bytes,
+    resolve_budget,
+    simulate,
+)
 from remat.ir.result import speed_key
 
 FRACTIONS = (0.9, 0.7, 0.5)
@@ -48,7 +56,12 @@ def solver_table(
         budget = resolve_budget(graph, frac)
         results[frac] = {}
         for name in names:
-            r = solver.get(name)(graph, budget, time_limit_s=SOLVER_TIME_LIMIT_S)
+            try:
+                r = solver.get(name)(graph, budget, time_limit_s=SOLVER_TIME_LIMIT_S)
+            except GraphTooLargeError as exc:  # poet takes graphs of up to 16 nodes (40 at most)
+                lines.append(_row([name, f"{frac:.0%}", "refused", "-", "-", "-"], widths))
+                lines.append(f"  {exc}")
+                continue
             results[frac][name] = r
             peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
             over = f"+{100 * r.overhead:.1f}%" if r.overhead is not None else "-"
