@@ -55,7 +55,7 @@ fractional knapsack's greedy solution).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,8 +120,9 @@ class _CutIndex:
         )
 
 
-def _extra_at(graph: Graph, ix: _CutIndex, c: int) -> float:
-    """Least extra time (relaxed) forced by the first run of node ``c``; inf if it cannot fit."""
+def _extra_at(graph: Graph, ix: _CutIndex, c: int, more_room: float = 0.0) -> float:
+    """Least extra time (relaxed) forced by the first run of node ``c``, with ``more_room``
+    bytes beside the budget's room there; inf if it cannot fit."""
     node = graph.nodes[c]
     live = (ix.producer < c) & (ix.last_need >= c)
     vid = np.flatnonzero(live)
@@ -137,7 +138,7 @@ def _extra_at(graph: Graph, ix: _CutIndex, c: int) -> float:
         if not graph.is_static(o) and graph.value(o).kind != "input"
     )
     fixed += dyn_out + node.workspace_bytes
-    cap = ix.room_bytes - fixed
+    cap = ix.room_bytes + more_room - fixed
     if cap < 0:
         return math.inf
     # items: producers with needed outputs that are not forced; weight = their bytes
@@ -172,10 +173,17 @@ def cut_bound(graph: Graph, budget_bytes: int, position: int) -> LowerBound:
 
 
 def cut_bounds(
-    graph: Graph, budget_bytes: int, *, max_cuts: int = 96, deadline: Deadline | None = None
+    graph: Graph,
+    budget_bytes: int,
+    *,
+    max_cuts: int = 96,
+    deadline: Deadline | None = None,
+    more_room: Sequence[float] | None = None,
 ) -> LowerBound:
     """The best :func:`cut_bound` over the forward/backward cut and up to ``max_cuts`` cuts
-    spread over the step (each is valid, so the largest is). Stops early at ``deadline``."""
+    spread over the step (each is valid, so the largest is). Stops early at ``deadline``.
+    ``more_room[c]``: bytes allowed beside the budget at the first run of node ``c`` (what a
+    plan that offloads may hold on the host then; :func:`remat.solver.offload.combined_bound`)."""
     n = graph.num_nodes
     base = eager_bound(graph).time_s
     if n == 0 or budget_bytes < graph.static_bytes + graph.input_bytes:
@@ -188,7 +196,7 @@ def cut_bounds(
     for c in cuts:
         if deadline is not None and deadline.expired() and c != first_bwd:
             break
-        extra = _extra_at(graph, ix, c)
+        extra = _extra_at(graph, ix, c, 0.0 if more_room is None else float(more_room[c]))
         if extra > best:
             best, where = extra, c
         if math.isinf(best):
@@ -318,25 +326,30 @@ def closure_bounds(
     max_cuts: int = 3,
     deadline: Deadline | None = None,
     integer: bool = False,
+    more_room: Sequence[float] | None = None,
 ) -> LowerBound | None:
     """The best :func:`closure_bound` over the forward/backward cut and the cuts where the
     plain knapsack (:func:`cut_bound`) is largest, up to ``max_cuts`` of them, before
-    ``deadline``; None when none was proven."""
+    ``deadline``; None when none was proven. ``more_room`` as in :func:`cut_bounds`."""
     n = graph.num_nodes
     if n == 0:
         return None
     ix = _CutIndex.of(graph, budget_bytes)
+
+    def room(c: int) -> int:
+        return 0 if more_room is None else int(more_room[c])
+
     first_bwd = next((i for i, nd in enumerate(graph.nodes) if nd.phase == "backward"), n - 1)
     spread = np.linspace(0, n - 1, num=min(n, 48)).round().astype(int)
     ranked = sorted(
         dict.fromkeys(int(c) for c in spread if c != first_bwd),
-        key=lambda c: -_extra_at(graph, ix, c),
+        key=lambda c: -_extra_at(graph, ix, c, room(c)),
     )
     best: LowerBound | None = None
     for c in [first_bwd, *ranked][: max(1, max_cuts)]:
         if deadline is not None and deadline.expired():
             break
-        b = closure_bound(graph, budget_bytes, c, deadline=deadline, integer=integer)
+        b = closure_bound(graph, budget_bytes + room(c), c, deadline=deadline, integer=integer)
         if b is not None and (best is None or b.time_s > best.time_s):
             best = b
         if best is not None and math.isinf(best.time_s):

@@ -33,12 +33,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from remat.ir import Graph, Plan, Simulation, block_cuts, keep_plan, simulate
 from remat.ir.device_profile import HostLink
 from remat.ir.plan import Step, step_maker
 from remat.ir.result import SolveResult
 from remat.solver.base import NoOptions, register
-from remat.solver.bounds import best_bound
+from remat.solver.bounds import best_bound, closure_bounds, cut_bounds
 from remat.solver.deadline import Deadline
 from remat.solver.problem import Problem
 
@@ -297,6 +299,27 @@ def combine(
     return out
 
 
+def host_room_at(graph: Graph, upper_s: float) -> np.ndarray:
+    """Per node position ``c``: the most bytes a plan of time at most ``upper_s`` can hold
+    only on the host, and still need, when node ``c`` first runs (see :func:`combined_bound`).
+    """
+    link = graph.link
+    t = np.asarray([nd.time_s for nd in graph.nodes], dtype=np.float64)
+    before = np.cumsum(t) - t  # every node before c ran at least once by then
+    after = float(t.sum()) - before  # c and every node after it run at least once after
+    d2h, h2d = link.device_to_host_bytes_per_s, link.host_to_device_bytes_per_s
+    lo, hi = before, np.maximum(before, upper_s - after)
+    # the start e of node c lies in [lo, hi]; by then at most d2h * e bytes went out, and
+    # what is still needed comes back within upper_s - e: the worst e makes them equal
+    e = np.clip(h2d * upper_s / (d2h + h2d), lo, hi)
+    room = np.minimum(d2h * e, h2d * np.maximum(0.0, upper_s - e))
+    room[upper_s - after < before] = 0.0  # no plan that fast reaches node c: nothing held
+    if link.host_memory_bytes is not None:
+        room = np.minimum(room, float(link.host_memory_bytes))
+    out: np.ndarray = np.floor(room)
+    return out
+
+
 def combined_bound(graph: Graph, budget_bytes: int, *, upper_s: float | None = None,
                    deadline: Deadline | None = None) -> float:  # fmt: skip
     """A lower bound on the time of the fastest plan within ``budget_bytes`` that may also
@@ -313,6 +336,18 @@ def combined_bound(graph: Graph, budget_bytes: int, *, upper_s: float | None = N
     ``T >= L(budget + min(H, bw * upper_s))``; without ``upper_s``, ``T >= L(budget + H)``,
     and with neither bounded, only the eager bound (every node once) holds.
 
+    Sharper at each cut (the first run of node ``c``, the cuts of
+    :func:`~remat.solver.bounds.cut_bounds` and :func:`~remat.solver.bounds.closure_bounds`):
+    node ``c`` starts at a time ``e`` no earlier than the nodes before it take (each ran at
+    least once) and no later than ``T`` less the time of ``c`` and the nodes after it (each
+    still runs at least once). The values P holds only on the host then and reads later were
+    copied out by ``e`` (at most ``bw_out * e`` bytes) and must come back after it (at most
+    ``bw_in * (T - e)``), and the cut's relaxation counts them resident in P'. So the cut is
+    relaxed with ``max_e min(H, bw_out * e, bw_in * (T - e))`` more bytes
+    (:func:`host_room_at`), far less than ``bw * T`` where the backward is long: at the
+    forward/backward cut, the link has had only the forward pass (and the plan's slack) to
+    move values out.
+
     Returns the bound in seconds (``math.inf``: no plan fits the budget even with offloading).
     """
     link = graph.link
@@ -324,7 +359,17 @@ def combined_bound(graph: Graph, budget_bytes: int, *, upper_s: float | None = N
     if not room:
         return best_bound(graph, budget_bytes, offload=True).time_s
     extra = min(room)
-    return best_bound(graph, budget_bytes + int(extra), deadline=deadline).time_s
+    whole = deadline.share(0.5) if deadline is not None else None
+    bound = best_bound(graph, budget_bytes + int(extra), deadline=whole).time_s
+    if upper_s is None or not math.isfinite(upper_s) or graph.num_nodes == 0:
+        return bound
+    at = host_room_at(graph, upper_s).tolist()
+    quarter = deadline.share(0.25) if deadline is not None else None
+    bound = max(bound, cut_bounds(graph, budget_bytes, deadline=quarter, more_room=at).time_s)
+    closure = closure_bounds(graph, budget_bytes, deadline=deadline, more_room=at)
+    if closure is not None:
+        bound = max(bound, closure.time_s)
+    return bound
 
 
 # -- baselines ------------------------------------------------------------------------------

@@ -26,8 +26,10 @@ from remat.ir import (
 )
 from remat.ir.devices import H100_SXM
 from remat.solver import Problem
+from remat.solver.bounds import best_bound
 from remat.solver.offload import (
     combined_bound,
+    host_room_at,
     link_reach_bytes,
     offload_pass,
     value_gaps,
@@ -254,3 +256,23 @@ def test_a_recompute_only_answer_never_reports_an_offloading_plan() -> None:
     off = solver.solve(g, budget, time_limit_s=5, offload=False)
     assert not off.fits and off.plan is not None
     assert not any(s.op in ("offload", "prefetch") for s in off.plan.steps)
+
+
+def test_the_combined_bound_counts_only_what_the_link_moved_by_each_cut() -> None:
+    # at the forward/backward cut the link has had the forward pass (and the plan's slack) to
+    # move values out, not the whole step: the per-cut room is sharper than bw * T, and the
+    # bound stays below the plan that gave the upper time
+    g = synthetic.transformer(4)
+    e = simulate(g, eager_plan(g))
+    b = g.static_bytes + int(0.5 * e.peak_dynamic_bytes)
+    r = solver.solve(g, b, time_limit_s=5)
+    assert r.fits and r.figures is not None
+    upper = r.figures.total_time_s
+    whole = best_bound(g, b + int(g.link.device_to_host_bytes_per_s * upper)).time_s
+    sharp = combined_bound(g, b, upper_s=upper)
+    assert whole < sharp <= upper * (1 + 1e-9)
+    room = host_room_at(g, upper)
+    first_bwd = next(i for i, n in enumerate(g.nodes) if n.phase == "backward")
+    fwd = sum(n.time_s for n in g.nodes[:first_bwd])
+    slack = upper - e.total_time_s
+    assert room[first_bwd] <= g.link.device_to_host_bytes_per_s * (fwd + slack) + 1
