@@ -26,9 +26,16 @@ def _seed(solver: str) -> Callable[[Graph, int, float], Plan | None] | None:
     if solver not in available():
         raise ValueError(f"solver: unknown solver {solver!r}; use 'greedy' or one of {available()}")
 
+    from remat.solver.base import info
+
+    # The compiled graphs have no copy stream: plans recompute only.
+    options = {"offload": False} if "offload" in info(solver).options else {}
+
     def seed(graph: Graph, budget_bytes: int, time_limit_s: float) -> Plan | None:
         try:
-            return solve(graph, budget_bytes, solver=solver, time_limit_s=time_limit_s).plan
+            return solve(
+                graph, budget_bytes, solver=solver, time_limit_s=time_limit_s, **options
+            ).plan
         except InfeasibleBudgetError:
             return None
 
@@ -43,6 +50,7 @@ def backend(
     compiler: Any = "inductor",
     cost: str = "cpu",
     exact_random: bool = True,
+    op_level: str = "below-class",
 ) -> Any:
     """A torch.compile backend whose partitions remat plans under ``budget``.
 
@@ -58,6 +66,9 @@ def backend(
         Seconds per graph for the solver and the search.
     compiler
         ``"inductor"``, ``"aot_eager"`` or a callable compiling the forward and backward graphs.
+    op_level
+        Where no saved set of the partitioner's class fits (``"below-class"``), or always
+        (``"prefer"``), run the solver's op-level plan itself; ``"never"``: the class only.
 
     Notes
     -----
@@ -73,6 +84,7 @@ def backend(
         compiler=compiler,
         cost=cost,
         exact_random=exact_random,
+        op_level=op_level,
     )
 
 
@@ -85,6 +97,7 @@ def compile(
     compiler: Any = "inductor",
     cost: str = "cpu",
     exact_random: bool = True,
+    op_level: str = "below-class",
     **compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend=remat.backend(budget, ...), dynamic=False)``. The
@@ -98,6 +111,7 @@ def compile(
         compiler=compiler,
         cost=cost,
         exact_random=exact_random,
+        op_level=op_level,
     )
     compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=be, **compile_kwargs)
