@@ -5,7 +5,8 @@
 
 The backend (:class:`remat.executor.compile.RematBackend`) lives in the executor; this module
 joins it to the solvers (which the executor does not import): the named solver's plan on each
-joint graph's IR seeds the search in the partitioner's class.
+joint graph's IR seeds the search in the partitioner's class, and runs as the compiled graphs
+where no saved set of that class fits (the plan recomputes only: the graphs have no copy stream).
 """
 
 from __future__ import annotations
