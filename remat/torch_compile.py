@@ -30,7 +30,7 @@ def _seed(solver: str) -> Callable[[Graph, int, float], Plan | None] | None:
     from remat.solver.base import info
 
     # The compiled graphs have no copy stream: plans recompute only.
-    options = {"offload": False} if "offload" in info(solver).options else {}
+    options: dict[str, Any] = {"offload": False} if "offload" in info(solver).options else {}
 
     def seed(graph: Graph, budget_bytes: int, time_limit_s: float) -> Plan | None:
         try:

@@ -143,11 +143,12 @@ class _Emitter:
         else:
             from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
+            target: Any = fx.target
             args = pytree.tree_map_only(torch.fx.Node, self.resolve, fx.args)
             kwargs = pytree.tree_map_only(torch.fx.Node, self.resolve, fx.kwargs)
             if state is None:
                 call = self.graph.call_function(
-                    run_and_save_rng_state, (fx.target, *args), dict(kwargs)
+                    run_and_save_rng_state, (target, *args), dict(kwargs)
                 )
                 saved = self.graph.call_function(operator.getitem, (call, 0))
                 saved.meta["val"] = _sample_rng_state()
@@ -155,7 +156,7 @@ class _Emitter:
                 new = self.graph.call_function(operator.getitem, (call, 1))
             else:
                 new = self.graph.call_function(
-                    run_with_rng_state, (state, fx.target, *args), dict(kwargs)
+                    run_with_rng_state, (state, target, *args), dict(kwargs)
                 )
             new.meta = dict(fx.meta)
         new.meta[SOURCE] = fx.name
@@ -190,25 +191,21 @@ def split_plan(jir: JointIR, orders: PlanOrders, *, num_fwd_outputs: int) -> Pla
         When the joint graph has symbolic sizes, mutations outside the IR's nodes, or seed
         inputs, or when the orders read a value before it is computed.
     """
+    from torch._functorch import partitioners as P
     from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
-    from torch._functorch.partitioners import (
-        _extract_fwd_bwd_outputs,
-        _is_bwd_seed_offset,
-        _is_fwd_seed_offset,
-    )
 
     joint = jir.joint
     if jir.symbolic:
         raise InvalidPlanError("op-level plans run on graphs of static sizes only")
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
-    if any(_is_fwd_seed_offset(n) or _is_bwd_seed_offset(n) for n in placeholders):
+    if any("seed" in n.name or "base_offset" in n.name for n in placeholders):
         raise InvalidPlanError("the joint graph has random seed inputs")
     ir_fx = set(jir.node_fx.values())
     for n in joint.graph.nodes:
         schema = getattr(n.target, "_schema", None)
         if n.op == "call_function" and n not in ir_fx and getattr(schema, "is_mutable", False):
             raise InvalidPlanError(f"{n.name} mutates a tensor outside the plan's nodes")
-    fwd_outputs, bwd_outputs, fwd_descs, bwd_descs = _extract_fwd_bwd_outputs(
+    fwd_outputs, bwd_outputs, fwd_descs, bwd_descs = P._extract_fwd_bwd_outputs(
         joint, num_fwd_outputs=num_fwd_outputs
     )
     node_of = {n.id: n for n in jir.graph.nodes}
