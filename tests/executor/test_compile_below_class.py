@@ -89,3 +89,68 @@ def test_never_keeps_the_class_and_its_refusal():
 def test_op_level_option_is_checked():
     with pytest.raises(ValueError, match="op_level"):
         backend("50%", op_level="sometimes")
+
+
+# -- the cut and the emitted plan on a hand-made graph ------------------------------------------
+
+
+def _chain_ir():
+    """x -> a -> b -> d -> c (loss) and its backward, as a stand-in for a joint graph's IR."""
+    from types import SimpleNamespace
+
+    from remat.ir import Graph, Node, Value
+
+    values = [
+        Value(id="x", size_bytes=10, kind="input"),
+        *(Value(id=v, size_bytes=100) for v in "abd"),
+        Value(id="c", size_bytes=4),
+        *(Value(id=g, size_bytes=10, kind="gradient") for g in ("gd", "gb", "ga")),
+    ]
+    nodes = [
+        Node(id="fa", inputs=("x",), outputs=("a",), time_s=1.0),
+        Node(id="fb", inputs=("a",), outputs=("b",), time_s=1.0),
+        Node(id="fd", inputs=("b",), outputs=("d",), time_s=1.0),
+        Node(id="fc", inputs=("d",), outputs=("c",), time_s=1.0),
+        Node(id="bd", phase="backward", inputs=("d",), outputs=("gd",), time_s=1.0),
+        Node(id="bb", phase="backward", inputs=("b", "gd"), outputs=("gb",), time_s=1.0),
+        Node(id="ba", phase="backward", inputs=("a", "gb"), outputs=("ga",), time_s=1.0),
+    ]
+    graph = Graph(nodes=nodes, values=values, required=["ga", "c"])
+    fw = [n.id for n in nodes if n.phase == "forward"]
+    return SimpleNamespace(graph=graph, forward_node_ids=lambda: fw)
+
+
+def test_cut_at_the_first_backward_node_and_reruns_priced_as_emitted():
+    from remat.executor.compile.partition import PartitionModel
+    from remat.executor.compile.plan_split import emitted_figures, plan_orders
+    from remat.ir import Plan, simulate
+    from remat.ir.plan import compute, free
+
+    jir = _chain_ir()
+    # Keep a only; the backward makes b twice (for d, then for bb).
+    steps = [compute("fa"), compute("fb"), compute("fd"), free("b"), compute("fc"), free("d")]
+    steps += [compute("fb"), compute("fd"), free("b"), compute("bd"), free("d")]
+    steps += [compute("fb"), compute("bb"), free("b"), compute("ba")]
+    orders = plan_orders(jir, Plan(steps=tuple(steps)))
+    # The reruns before the first backward node end the forward graph (the same sequence).
+    assert orders.forward == ("fa", "fb", "fd", "fc", "fb", "fd")
+    assert orders.backward == ("bd", "fb", "bb", "ba")
+    model = PartitionModel(jir.graph)
+    got = emitted_figures(model, orders, rng_state_bytes=5056)
+    assert got.plan.compute_counts()["fb"] == 3
+    # x, a, b, d and the loss at fd's rerun (each copy freed after its last read): the plan's
+    # own peak.
+    assert got.peak_bytes == simulate(jir.graph, Plan(steps=tuple(steps))).peak_bytes == 314
+
+
+def test_plans_that_offload_or_finish_the_forward_late_are_refused():
+    from remat.executor.compile.plan_split import plan_orders
+    from remat.ir import InvalidPlanError, Plan
+    from remat.ir.plan import compute, offload
+
+    jir = _chain_ir()
+    with pytest.raises(InvalidPlanError, match="offload"):
+        plan_orders(jir, Plan(steps=(compute("fa"), offload("a"))))
+    late = ("fa", "fb", "fd", "bd", "fc", "bb", "ba")
+    with pytest.raises(InvalidPlanError, match="fc"):
+        plan_orders(jir, Plan(steps=tuple(compute(n) for n in late)))
