@@ -5,7 +5,8 @@
 
 The backend (:class:`remat.executor.compile.RematBackend`) lives in the executor; this module
 joins it to the solvers (which the executor does not import): the named solver's plan on each
-joint graph's IR seeds the search in the partitioner's class.
+joint graph's IR seeds the search in the partitioner's class, and runs as the compiled graphs
+where no saved set of that class fits (the plan recomputes only: the graphs have no copy stream).
 """
 
 from __future__ import annotations
@@ -26,9 +27,16 @@ def _seed(solver: str) -> Callable[[Graph, int, float], Plan | None] | None:
     if solver not in available():
         raise ValueError(f"solver: unknown solver {solver!r}; use 'greedy' or one of {available()}")
 
+    from remat.solver.base import info
+
+    # The compiled graphs have no copy stream: plans recompute only.
+    options: dict[str, Any] = {"offload": False} if "offload" in info(solver).options else {}
+
     def seed(graph: Graph, budget_bytes: int, time_limit_s: float) -> Plan | None:
         try:
-            return solve(graph, budget_bytes, solver=solver, time_limit_s=time_limit_s).plan
+            return solve(
+                graph, budget_bytes, solver=solver, time_limit_s=time_limit_s, **options
+            ).plan
         except InfeasibleBudgetError:
             return None
 
@@ -43,6 +51,7 @@ def backend(
     compiler: Any = "inductor",
     cost: str = "cpu",
     exact_random: bool = True,
+    op_level: str = "below-class",
 ) -> Any:
     """A torch.compile backend whose partitions remat plans under ``budget``.
 
@@ -58,6 +67,9 @@ def backend(
         Seconds per graph for the solver and the search.
     compiler
         ``"inductor"``, ``"aot_eager"`` or a callable compiling the forward and backward graphs.
+    op_level
+        Where no saved set of the partitioner's class fits (``"below-class"``), or always
+        (``"prefer"``), run the solver's op-level plan itself; ``"never"``: the class only.
 
     Notes
     -----
@@ -73,6 +85,7 @@ def backend(
         compiler=compiler,
         cost=cost,
         exact_random=exact_random,
+        op_level=op_level,
     )
 
 
@@ -85,6 +98,7 @@ def compile(
     compiler: Any = "inductor",
     cost: str = "cpu",
     exact_random: bool = True,
+    op_level: str = "below-class",
     **compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend=remat.backend(budget, ...), dynamic=False)``. The
@@ -98,6 +112,7 @@ def compile(
         compiler=compiler,
         cost=cost,
         exact_random=exact_random,
+        op_level=op_level,
     )
     compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=be, **compile_kwargs)

@@ -47,9 +47,15 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from remat.executor.compile.inductor_memory import CompiledMemory, capture_graphs, compiled_memory
 from remat.executor.compile.joint import JointIR, joint_to_ir
 from remat.executor.compile.partition import Partition, PartitionModel
+from remat.executor.compile.plan_split import (
+    PlanSplit,
+    emitted_figures,
+    plan_orders,
+    split_plan,
+)
 from remat.executor.compile.search import search_partition
 from remat.executor.compile.split import RNG_STATE_BYTES, Split, split_joint
-from remat.ir import Graph, InfeasibleBudgetError, Plan, simulate
+from remat.ir import Graph, InfeasibleBudgetError, InvalidPlanError, Plan, simulate
 from remat.ir.budget import BudgetSpec, format_bytes, parse_budget
 from remat.ir.plan_builders import eager_plan
 
@@ -58,6 +64,11 @@ SeedFn = Callable[[Graph, int, float], Plan | None]
 """``seed(graph, budget_bytes, time_limit_s) -> plan or None``: a remat solver's plan on a
 joint graph's IR, whose saved values start the class search (``remat.backend`` passes
 ``remat.solve`` with the named solver; the executor does not import the solvers)."""
+
+
+OP_LEVEL = ("below-class", "prefer", "never")
+"""When the graphs run the solver's op-level plan instead of a saved set of the class:
+when no saved set found fits, always (when it fits), or never."""
 
 
 class RematCompileWarning(UserWarning):
@@ -91,9 +102,13 @@ class GraphPlan:
     solve_time_s: float
     symbolic: bool
     fits: bool
-    partition: Partition
+    partition: Partition | None
+    """The saved set of the partitioner's class; None for an op-level plan."""
     ir: JointIR
-    split: Split
+    split: Split | PlanSplit
+    op_level: bool = False
+    """True when the graphs run the solver's op-level plan (below the partitioner's class:
+    values recomputed several times, where the plan places them)."""
     compiled: CompiledMemory | None = None
     """With inductor: the figures of its generated code
     (:func:`~remat.executor.compile.inductor_memory.compiled_memory`)."""
@@ -151,6 +166,11 @@ class RematBackend:
     exact_random
         With inductor, draw random numbers with eager's kernels (``fallback_random``) so that
         dropout gives the uncompiled step's numbers.
+    op_level
+        ``"below-class"`` (default): where no saved set of the partitioner's class found fits
+        the budget, run the seed's op-level plan (values recomputed several times, where it
+        places them, :mod:`~remat.executor.compile.plan_split`) if what it runs fits;
+        ``"prefer"``: that plan whenever it fits; ``"never"``: the class only.
     """
 
     def __init__(
@@ -163,8 +183,12 @@ class RematBackend:
         compiler: Compiler = "inductor",
         cost: str = "cpu",
         exact_random: bool = True,
+        op_level: str = "below-class",
     ) -> None:
         self.budget = parse_budget(budget)
+        if op_level not in OP_LEVEL:
+            raise ValueError(f"op_level must be one of {OP_LEVEL}, got {op_level!r}")
+        self.op_level = op_level
         if not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
             raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
         if not (callable(compiler) or compiler in ("inductor", "aot_eager")):
@@ -262,16 +286,31 @@ class RematBackend:
         eager = simulate(graph, eager_plan(graph))
         budget_bytes = self._graph_budget(key, graph.static_bytes, eager.peak_dynamic_bytes)
         seeds: list[set[str]] = []
+        seed_plan: Plan | None = None
         full = model.partition(model.read_by_backward)
-        if full.peak_bytes > budget_bytes and self.seed is not None:
+        if (full.peak_bytes > budget_bytes or self.op_level == "prefer") and self.seed is not None:
+            # The solver does not see the generator states that rerun random ops save: it
+            # plans under the budget less one state per random op.
+            reserve = RNG_STATE_BYTES * sum(graph.node(n).rng for n in model.forward)
             try:
-                plan = self.seed(graph, budget_bytes, self.time_limit_s / 4)
+                seed_plan = self.seed(graph, budget_bytes - reserve, self.time_limit_s / 4)
             except InfeasibleBudgetError:
-                plan = None
-            if plan is not None:
-                seeds.append(model.saved_from_plan(plan))
+                seed_plan = None
+            if seed_plan is not None:
+                seeds.append(model.saved_from_plan(seed_plan))
         left = max(self.time_limit_s - (time.perf_counter() - t0), 1.0)
         best, lowest = search_partition(model, budget_bytes, seeds=seeds, time_limit_s=left)
+        below = ""
+        if seed_plan is not None and (
+            self.op_level == "prefer"
+            or (self.op_level == "below-class" and best.peak_bytes > budget_bytes)
+        ):
+            got = self._op_level_plan(
+                key, index, jir, model, seed_plan, budget_bytes, eager, num_fwd_outputs, t0
+            )
+            if isinstance(got, GraphPlan):
+                return got.split.forward, got.split.backward
+            below = got
         split = split_joint(
             jir,
             best,
@@ -325,10 +364,65 @@ class RematBackend:
                 f"remat: graph {index} ({graph.num_nodes} nodes): the lowest partition found in "
                 f"the partitioner's class needs {format_bytes(lowest.peak_bytes)}, over its "
                 f"budget of {format_bytes(budget_bytes)}{held}; no partition of the class needs "
-                f"less than {format_bytes(floor)}, {proven}",
+                f"less than {format_bytes(floor)}, {proven}{below}",
                 min_budget_bytes=lowest.peak_bytes,
             )
         return split.forward, split.backward
+
+    def _op_level_plan(
+        self,
+        key: str,
+        index: int,
+        jir: JointIR,
+        model: PartitionModel,
+        plan: Plan,
+        budget_bytes: int,
+        eager: Any,
+        num_fwd_outputs: int,
+        t0: float,
+    ) -> GraphPlan | str:
+        """The solver's op-level plan as forward and backward graphs
+        (:mod:`~remat.executor.compile.plan_split`) when what they run fits the budget;
+        else why not (a clause for the error)."""
+        graph = jir.graph
+        try:
+            orders = plan_orders(jir, plan)
+            figures = emitted_figures(model, orders, rng_state_bytes=RNG_STATE_BYTES)
+            if figures.peak_bytes > budget_bytes:
+                return (
+                    f"; the {self.solver} plan below the class needs "
+                    f"{format_bytes(figures.peak_bytes)}"
+                )
+            split = split_plan(jir, orders, num_fwd_outputs=num_fwd_outputs)
+        except InvalidPlanError as exc:
+            return f"; the {self.solver} plan below the class does not run compiled: {exc}"
+        sim = figures.simulation
+        rng_bytes = RNG_STATE_BYTES * len(split.rng_saved)
+        saved = {jir.fx_value[n] for n in split.saved_nodes} & model.forward_values
+        self.plans[key] = GraphPlan(
+            index=index,
+            key=key,
+            num_nodes=graph.num_nodes,
+            budget_bytes=budget_bytes,
+            static_bytes=graph.static_bytes,
+            eager_peak_bytes=eager.peak_bytes,
+            predicted_peak_bytes=figures.peak_bytes,
+            simulated_peak_bytes=figures.peak_bytes,
+            baseline_time_s=eager.total_time_s,
+            predicted_time_s=sim.total_time_s,
+            saved_bytes=sum(model.size[v] for v in saved) + rng_bytes,
+            num_saved=len(saved),
+            num_recomputed=sim.num_recomputes,
+            rng_replayed=tuple(split.rng_replayed),
+            solve_time_s=time.perf_counter() - t0,
+            symbolic=jir.symbolic,
+            fits=True,
+            partition=None,
+            ir=jir,
+            split=split,
+            op_level=True,
+        )
+        return self.plans[key]
 
     def _attach_compiled(self, key: str, graphs: Sequence[Any]) -> None:
         """The graph's figures from inductor's generated code (its forward and backward)."""
