@@ -75,6 +75,21 @@ class RematCompileWarning(UserWarning):
     """A compiled graph's plan holds under assumptions the user should know about."""
 
 
+def _about(index: int, key: str, jir: JointIR, eager: Any, t0: float) -> dict[str, Any]:
+    """The fields of a :class:`GraphPlan` that do not depend on how it was split."""
+    return {
+        "index": index,
+        "key": key,
+        "num_nodes": jir.graph.num_nodes,
+        "static_bytes": jir.graph.static_bytes,
+        "eager_peak_bytes": eager.peak_bytes,
+        "baseline_time_s": eager.total_time_s,
+        "solve_time_s": time.perf_counter() - t0,
+        "symbolic": jir.symbolic,
+        "ir": jir,
+    }
+
+
 @dataclass(frozen=True)
 class GraphPlan:
     """What the backend decided for one joint graph, with the simulator's figures."""
@@ -325,25 +340,17 @@ class RematBackend:
         saved_bytes = sum(model.size[v] for v in best.saved) + rng_bytes
         fits = predicted <= budget_bytes
         self.plans[key] = GraphPlan(
-            index=index,
-            key=key,
-            num_nodes=graph.num_nodes,
+            **_about(index, key, jir, eager, t0),
             budget_bytes=budget_bytes,
-            static_bytes=graph.static_bytes,
-            eager_peak_bytes=eager.peak_bytes,
             predicted_peak_bytes=predicted,
             simulated_peak_bytes=predicted,
-            baseline_time_s=eager.total_time_s,
             predicted_time_s=sim.total_time_s,
             saved_bytes=saved_bytes,
             num_saved=len(best.saved),
             num_recomputed=len(best.recomputed),
             rng_replayed=tuple(split.rng_replayed),
-            solve_time_s=time.perf_counter() - t0,
-            symbolic=jir.symbolic,
             fits=fits,
             partition=best,
-            ir=jir,
             split=split,
         )
         if not fits:
@@ -384,7 +391,6 @@ class RematBackend:
         """The solver's op-level plan as forward and backward graphs
         (:mod:`~remat.executor.compile.plan_split`) when what they run fits the budget;
         else why not (a clause for the error)."""
-        graph = jir.graph
         try:
             orders = plan_orders(jir, plan)
             figures = emitted_figures(model, orders, rng_state_bytes=RNG_STATE_BYTES)
@@ -400,25 +406,17 @@ class RematBackend:
         rng_bytes = RNG_STATE_BYTES * len(split.rng_saved)
         saved = {jir.fx_value[n] for n in split.saved_nodes} & model.forward_values
         self.plans[key] = GraphPlan(
-            index=index,
-            key=key,
-            num_nodes=graph.num_nodes,
+            **_about(index, key, jir, eager, t0),
             budget_bytes=budget_bytes,
-            static_bytes=graph.static_bytes,
-            eager_peak_bytes=eager.peak_bytes,
             predicted_peak_bytes=figures.peak_bytes,
             simulated_peak_bytes=figures.peak_bytes,
-            baseline_time_s=eager.total_time_s,
             predicted_time_s=sim.total_time_s,
             saved_bytes=sum(model.size[v] for v in saved) + rng_bytes,
             num_saved=len(saved),
             num_recomputed=sim.num_recomputes,
             rng_replayed=tuple(split.rng_replayed),
-            solve_time_s=time.perf_counter() - t0,
-            symbolic=jir.symbolic,
             fits=True,
             partition=None,
-            ir=jir,
             split=split,
             op_level=True,
         )
