@@ -149,3 +149,25 @@ def offload_chain(f3_time_s: float) -> Graph:
         ),
         required=("L",),
     )
+
+
+def partition_chain(fa_time_s: float = 10.0) -> Graph:
+    """x -> a -> b -> d -> c (loss); the backward reads d, then b, then a. Activations of 100
+    bytes, gradients of 10; a's op takes ``fa_time_s``, the others 1 s (the compile tests'
+    stand-in for a joint graph)."""
+    values = [
+        Value(id="x", size_bytes=10, kind="input"),
+        *(Value(id=v, size_bytes=100) for v in "abd"),
+        Value(id="c", size_bytes=4),
+        *(Value(id=g, size_bytes=10, kind="gradient") for g in ("gd", "gb", "ga")),
+    ]
+    nodes = [
+        Node(id="fa", inputs=("x",), outputs=("a",), time_s=fa_time_s),
+        Node(id="fb", inputs=("a",), outputs=("b",), time_s=1.0),
+        Node(id="fd", inputs=("b",), outputs=("d",), time_s=1.0),
+        Node(id="fc", inputs=("d",), outputs=("c",), time_s=1.0),
+        Node(id="bd", phase="backward", inputs=("d",), outputs=("gd",), time_s=1.0),
+        Node(id="bb", phase="backward", inputs=("b", "gd"), outputs=("gb",), time_s=1.0),
+        Node(id="ba", phase="backward", inputs=("a", "gb"), outputs=("ga",), time_s=1.0),
+    ]
+    return Graph(nodes=nodes, values=values, required=["ga", "c"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from handmade import partition_chain
 
 from examples.models import build_gpt
 from remat.executor.compile import RematBackend
 from remat.executor.compile.partition import PartitionModel
 from remat.executor.compile.run import compiled_step, eager_reference
 from remat.executor.compile.search import search_partition
-from remat.ir import Graph, InfeasibleBudgetError, Node, Value
+from remat.ir import InfeasibleBudgetError
 from remat.torch_compile import backend
 
 FIVE_BUDGETS = ("100%", "85%", "70%", "60%", "50%")
@@ -191,33 +192,8 @@ def test_graph_breaks_share_one_budget_in_bytes():
 # -- the class on a hand-made graph -------------------------------------------------------------
 
 
-def _chain() -> Graph:
-    """x -> a -> b -> d -> c (loss); the backward reads d, then b, then a. Activations of 100
-    bytes, gradients of 10; a's op is slow (10 s), the others take 1 s."""
-    values = [
-        Value(id="x", size_bytes=10, kind="input"),
-        Value(id="a", size_bytes=100),
-        Value(id="b", size_bytes=100),
-        Value(id="d", size_bytes=100),
-        Value(id="c", size_bytes=4),
-        Value(id="gd", size_bytes=10, kind="gradient"),
-        Value(id="gb", size_bytes=10, kind="gradient"),
-        Value(id="ga", size_bytes=10, kind="gradient"),
-    ]
-    nodes = [
-        Node(id="fa", inputs=("x",), outputs=("a",), time_s=10.0),
-        Node(id="fb", inputs=("a",), outputs=("b",), time_s=1.0),
-        Node(id="fd", inputs=("b",), outputs=("d",), time_s=1.0),
-        Node(id="fc", inputs=("d",), outputs=("c",), time_s=1.0),
-        Node(id="bd", phase="backward", inputs=("d",), outputs=("gd",), time_s=1.0),
-        Node(id="bb", phase="backward", inputs=("b", "gd"), outputs=("gb",), time_s=1.0),
-        Node(id="ba", phase="backward", inputs=("a", "gb"), outputs=("ga",), time_s=1.0),
-    ]
-    return Graph(nodes=nodes, values=values, required=["ga", "c"])
-
-
 def test_partition_recomputes_what_is_not_saved():
-    model = PartitionModel(_chain())
+    model = PartitionModel(partition_chain())
     assert model.read_by_backward == ["a", "b", "d"]
     part = model.partition({"a", "d"})
     assert part.recomputed == ("fb",)
@@ -231,7 +207,7 @@ def test_partition_recomputes_what_is_not_saved():
 
 
 def test_search_prefers_recomputing_the_cheap_value():
-    model = PartitionModel(_chain())
+    model = PartitionModel(partition_chain())
     full = model.partition({"a", "b", "d"})
     best, _ = search_partition(model, full.peak_bytes - 1, time_limit_s=5)
     assert best.peak_bytes <= full.peak_bytes - 1
@@ -403,7 +379,7 @@ def test_floor_bounds_every_saved_set_from_below():
 
     from remat.ir import synthetic
 
-    assert PartitionModel(_chain()).floor_bytes() == 210
+    assert PartitionModel(partition_chain()).floor_bytes() == 210
     model = PartitionModel(synthetic.transformer(2))
     floor = model.floor_bytes()
     assert floor > model.graph.static_bytes

@@ -98,25 +98,10 @@ def _chain_ir():
     """x -> a -> b -> d -> c (loss) and its backward, as a stand-in for a joint graph's IR."""
     from types import SimpleNamespace
 
-    from remat.ir import Graph, Node, Value
+    from handmade import partition_chain
 
-    values = [
-        Value(id="x", size_bytes=10, kind="input"),
-        *(Value(id=v, size_bytes=100) for v in "abd"),
-        Value(id="c", size_bytes=4),
-        *(Value(id=g, size_bytes=10, kind="gradient") for g in ("gd", "gb", "ga")),
-    ]
-    nodes = [
-        Node(id="fa", inputs=("x",), outputs=("a",), time_s=1.0),
-        Node(id="fb", inputs=("a",), outputs=("b",), time_s=1.0),
-        Node(id="fd", inputs=("b",), outputs=("d",), time_s=1.0),
-        Node(id="fc", inputs=("d",), outputs=("c",), time_s=1.0),
-        Node(id="bd", phase="backward", inputs=("d",), outputs=("gd",), time_s=1.0),
-        Node(id="bb", phase="backward", inputs=("b", "gd"), outputs=("gb",), time_s=1.0),
-        Node(id="ba", phase="backward", inputs=("a", "gb"), outputs=("ga",), time_s=1.0),
-    ]
-    graph = Graph(nodes=nodes, values=values, required=["ga", "c"])
-    fw = [n.id for n in nodes if n.phase == "forward"]
+    graph = partition_chain(fa_time_s=1.0)
+    fw = [n.id for n in graph.nodes if n.phase == "forward"]
     return SimpleNamespace(graph=graph, forward_node_ids=lambda: fw)
 
 
