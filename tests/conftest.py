@@ -23,6 +23,14 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="session")
+def remat_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One ``REMAT_CACHE_DIR`` for the tests of a session (of an xdist worker) that need the
+    local CPU's profile but not a fresh measurement of it: measured once (2-5 s), not per test,
+    and never in the user's own ``~/.cache/remat``."""
+    return tmp_path_factory.mktemp("remat-cache")
+
+
 @pytest.fixture
 def tiny_llama() -> Any:
     """A one-layer Llama from transformers (random weights seeded with 0, grouped-query

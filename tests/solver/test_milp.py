@@ -99,7 +99,8 @@ def test_plan_simulates_to_the_models_claims(make: object, frac: float) -> None:
 
 def test_side_effecting_nodes_run_exactly_once() -> None:
     g = unet(1, base_channels=4, image_size=4, batch_size=1)
-    r = milp(g, frac_budget(g, 0.7), time_limit_s=20)
+    # any plan shows it: HiGHS has one within 2 s; closing the gap takes 10 s more
+    r = milp(g, frac_budget(g, 0.7), time_limit_s=4)
     assert r.plan is not None
     counts = r.plan.compute_counts()
     for n in g.nodes:
