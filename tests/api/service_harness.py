@@ -66,7 +66,9 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 90.0) -> Server:
+    def start(self, timeout_s: float = 90.0, *, wait: bool = True) -> Server:
+        """Start the process; a server is waited for until it answers ``/healthz`` unless
+        ``wait`` is False (then :meth:`wait_up`: several processes boot side by side)."""
         self.port = free_port()
         self.starts += 1
         env = {
@@ -83,8 +85,13 @@ class Server:
         if self.command == "serve":
             cmd += ["--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, env=env, cwd=self.tmp, stdout=log, stderr=log)
-        if self.command != "serve":
+        if self.command != "serve" or not wait:
             return self
+        return self.wait_up(timeout_s)
+
+    def wait_up(self, timeout_s: float = 90.0) -> Server:
+        """Wait until the started server answers ``/healthz``."""
+        assert self.proc is not None
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
