@@ -1,9 +1,14 @@
 """Host memory for offloaded values, and the copies in both directions.
 
-An ``offload`` step copies a value to host memory (pinned when the device is a GPU, on a side
-stream) and drops the device copy; a ``prefetch`` allocates a device tensor and fills it from the
-host copy. On the CPU, where host and device memory are the same, the host copies are made with
-every ``TorchDispatchMode`` switched off, so the device-side tracker
+An ``offload`` step copies a value to host memory and drops the device copy; a ``prefetch``
+allocates a device tensor and fills it from the host copy. On a GPU the host copies are pinned and
+each direction has its own copy stream (device -> host for offloads, host -> device for
+prefetches), so an offload of the forward and a prefetch for the backward can overlap each other
+as well as the compute, as the simulator's host link assumes (one stream per direction); events
+order them: each copy waits for the compute stream that made or allocated its tensor, a prefetch
+waits for the offload that wrote its host copy, and the compute stream waits for a prefetch before
+reading it (:func:`wait`). On the CPU, where host and device memory are the same, the host copies
+are made with every ``TorchDispatchMode`` switched off, so the device-side tracker
 (:class:`remat.executor.measure.LiveStorageTracker`) never sees them: they are host bytes, counted
 here by :class:`HostMemory` (``live_bytes``, ``peak_bytes``), exactly, by storage.
 """
@@ -28,7 +33,10 @@ class HostMemory:
     offloaded_bytes: int = 0
     """Bytes copied device -> host since the last :meth:`reset_peak`."""
     prefetched_bytes: int = 0
-    _stream: Any = field(default=None, repr=False)
+    _offload_stream: Any = field(default=None, repr=False)
+    _prefetch_stream: Any = field(default=None, repr=False)
+    _written: dict[int, Any] = field(default_factory=dict, repr=False)
+    """The event of the offload that fills each host copy still alive, by ``id`` (CUDA only)."""
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
@@ -39,10 +47,17 @@ class HostMemory:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def side_stream(self) -> Any:
-        if self._stream is None and self.is_cuda:
-            self._stream = torch.cuda.Stream(self.device)
-        return self._stream
+    def offload_stream(self) -> Any:
+        """The device -> host copy stream (None on the CPU)."""
+        if self._offload_stream is None and self.is_cuda:
+            self._offload_stream = torch.cuda.Stream(self.device)
+        return self._offload_stream
+
+    def prefetch_stream(self) -> Any:
+        """The host -> device copy stream (None on the CPU)."""
+        if self._prefetch_stream is None and self.is_cuda:
+            self._prefetch_stream = torch.cuda.Stream(self.device)
+        return self._prefetch_stream
 
     def _release(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
@@ -58,11 +73,16 @@ class HostMemory:
                 pin_memory=self.is_cuda,
             )
             if self.is_cuda:
-                side = self.side_stream()
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
+                d2h = self.offload_stream()
+                d2h.wait_stream(torch.cuda.current_stream(self.device))  # t has been computed
+                with torch.cuda.stream(d2h):
                     host.copy_(t, non_blocking=True)
-                t.record_stream(side)  # the device block is not reused before the copy ends
+                    written = torch.cuda.Event()
+                    written.record(d2h)
+                t.record_stream(d2h)  # the device block is not reused before the copy ends
+                # A prefetch on the other stream must not read the host copy before it is written.
+                self._written[id(host)] = written
+                weakref.finalize(host, self._written.pop, id(host), None)
             else:
                 host.copy_(t)
         nbytes = int(host.untyped_storage().nbytes())
@@ -85,13 +105,17 @@ class HostMemory:
             with _disable_current_modes():
                 t.copy_(host)
             return t, None
-        side = self.side_stream()
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        h2d = self.prefetch_stream()
+        # t's block was allocated on the compute stream: its earlier users there come first.
+        h2d.wait_stream(torch.cuda.current_stream(self.device))
+        written = self._written.get(id(host))
+        if written is not None:
+            h2d.wait_event(written)
+        with torch.cuda.stream(h2d):
             t.copy_(host, non_blocking=True)
             event = torch.cuda.Event()
-            event.record(side)
-        t.record_stream(side)
+            event.record(h2d)
+        t.record_stream(h2d)
         return t, event
 
 
