@@ -71,6 +71,20 @@ def test_each_run_of_the_plan_is_one_copy_in_the_graphs(below):
     assert not fresh
 
 
+def test_prefer_runs_the_op_level_plan_where_the_class_fits_too():
+    """``op_level="prefer"``: at 70%, where a saved set of the class fits, the solver's own
+    plan is compiled instead (the default keeps the class there; test_compile.py's budgets)."""
+    model, inputs, loss_fn = build_gpt(batch=2, seq=32, vocab=256, d_model=64, n_layers=2)
+    ref = eager_reference(model, inputs, loss_fn)
+    be = backend("70%", compiler="aot_eager", time_limit_s=4, cost="h100", op_level="prefer")
+    run = compiled_step(model, inputs, loss_fn, be, ref)
+    (plan,) = be.plans.values()
+    assert plan.op_level and plan.partition is None, plan
+    assert run.memory.peak_bytes <= plan.budget_bytes
+    assert abs(run.memory.peak_bytes - plan.predicted_peak_bytes) <= 1024, plan
+    assert run.max_grad_diff == 0.0
+
+
 @pytest.mark.slow
 def test_never_keeps_the_class_and_its_refusal():
     from remat.ir import InfeasibleBudgetError
