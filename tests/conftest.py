@@ -24,11 +24,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
-def remat_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One ``REMAT_CACHE_DIR`` for the tests of a session (of an xdist worker) that need the
-    local CPU's profile but not a fresh measurement of it: measured once (2-5 s), not per test,
-    and never in the user's own ``~/.cache/remat``."""
+def _session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return tmp_path_factory.mktemp("remat-cache")
+
+
+@pytest.fixture
+def remat_cache_dir(_session_cache_dir: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``REMAT_CACHE_DIR`` set, for this test, to one directory shared by the tests of a session
+    (of an xdist worker) that need the local CPU's profile but not a fresh measurement of it:
+    measured once (2-5 s), not per test, and never in the user's own ``~/.cache/remat``."""
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(_session_cache_dir))
+    return _session_cache_dir
 
 
 @pytest.fixture

@@ -152,14 +152,11 @@ def test_min_budget_lower_bound_holds_for_the_eager_plan_and_every_keep_plan() -
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
-def test_frontier_on_the_example_models_over_ten_budgets(
-    name, remat_cache_dir, monkeypatch
-) -> None:
+def test_frontier_on_the_example_models_over_ten_budgets(name, remat_cache_dir) -> None:
     pytest.importorskip("torch")
     from examples.models import build_gpt, build_resnet
     from remat.tracer import trace
 
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(remat_cache_dir))
     build = {
         "gpt": lambda: build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=2, n_heads=2),
         "resnet": lambda: build_resnet(batch=2, image=16, width=8, blocks_per_stage=1, stages=2),

@@ -118,7 +118,7 @@ def test_auto_infeasible_reports_the_smallest_known_plan_and_a_lower_bound() -> 
 
 
 def test_resnet_example_minimum_budget_is_never_above_a_plan_found_at_50_percent(
-    remat_cache_dir, monkeypatch
+    remat_cache_dir,
 ) -> None:
     import pytest
 
@@ -126,7 +126,6 @@ def test_resnet_example_minimum_budget_is_never_above_a_plan_found_at_50_percent
     from examples.models import build_resnet
     from remat.tracer import trace
 
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(remat_cache_dir))
     known.forget()
     g = trace(*build_resnet(batch=2, image=16, width=8, blocks_per_stage=1, stages=2))
     at50 = get("auto")(g, resolve_budget(g, 0.5), time_limit_s=3)

@@ -126,16 +126,14 @@ def test_cpu_profile_is_measured_once_and_cached(tmp_path, monkeypatch) -> None:
     assert g.device == first
 
 
-def test_measured_cost_times_every_node(remat_cache_dir, monkeypatch) -> None:
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(remat_cache_dir))
+def test_measured_cost_times_every_node(remat_cache_dir) -> None:
     g = trace(*build_mlp(batch=32, in_features=64, hidden=128, depth=2), cost="measure")
     assert all(n.time_s > 0 for n in g.nodes)
     assert g.device is not None and g.device.name == "cpu-local"
 
 
-def test_measured_storage_sizes_equal_the_fake_ones(remat_cache_dir, monkeypatch) -> None:
+def test_measured_storage_sizes_equal_the_fake_ones(remat_cache_dir) -> None:
     """cost='measure' also records real storage sizes; on these models fake ones are exact."""
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(remat_cache_dir))
     model, inputs, loss_fn = build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=1)
     measured = trace(model, inputs, loss_fn, cost="measure")
     assert measured.values == trace(model, inputs, loss_fn).values
@@ -163,8 +161,7 @@ def _toy_profile() -> DeviceProfile:
     )
 
 
-def test_default_cost_is_the_local_cpu_roofline(remat_cache_dir, monkeypatch) -> None:
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(remat_cache_dir))
+def test_default_cost_is_the_local_cpu_roofline(remat_cache_dir) -> None:
     profile = cpu_profile()
     assert profile.op_overhead_s > 0
     classes = {"elementwise", "elementwise_strided", "transcendental", "softmax", "reduction"}
@@ -222,13 +219,12 @@ def test_op_classes() -> None:
 
 
 @pytest.mark.parametrize("solver", ["none", "checkpoint-all", "rotor", "auto"])
-def test_no_computed_op_of_a_plan_is_free(solver, remat_cache_dir, monkeypatch) -> None:
+def test_no_computed_op_of_a_plan_is_free(solver, remat_cache_dir) -> None:
     """Under the default cost model every op a plan runs, recomputations included, costs time,
     so a plan that recomputes is slower than eager."""
     from remat import solver as solvers
     from remat.ir import resolve_budget, simulate
 
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(remat_cache_dir))
     g = trace(*build_gpt(batch=2, seq=16, vocab=64, d_model=32, n_layers=2, n_heads=2))
     r = solvers.get(solver)(g, resolve_budget(g, 0.5), time_limit_s=1)  # any plan will do
     assert r.plan is not None
