@@ -22,13 +22,21 @@ every op-level recompute-only schedule (:func:`remat.solver.bounds.best_bound`),
 no plan the checkpoint executor runs under FSDP2 is faster. ``--big`` adds 70B's remat
 rows (the checkpoint-class search takes minutes per budget on its 8,438 nodes).
 
-Not run: ``torch.distributed._tools.sac_ilp.sac_milp`` needs ``SACEstimator``'s statistics, which
-aborted the process on this CPU under FakeTensorMode (FIELD-NOTES), and ``FSDPMemTracker``
-needs a CUDA device for its categories; both are left for a GPU machine.
+``sac_milp`` rows: PyTorch's own module-level MILP
+(``torch.distributed._tools.sac_ilp.sac_milp``, then its per-module op policy) at each of remat's
+budgets, with ``world_size`` and the units as its FSDP units. Its inputs come from remat's graph
+of the same step (benchmarks/sac_torch.py), since ``SACEstimator`` will not run on this CPU
+(FIELD-NOTES). Its decisions run as checkpoint regions with torch's selective-checkpoint
+policies, so its rows are predicted on the per-rank graph and measured on the CPU group like
+remat's; "own estimate" is ``sac_milp``'s own model of that plan's peak and overhead.
+
+Not run: ``FSDPMemTracker`` needs a CUDA device for its categories; it is left for a GPU
+machine.
 
 Usage::
 
     .venv/bin/python benchmarks/sharded.py [--part measured,planned] [--big] [--time-limit 30]
+        [--models llama7b,llama70b]
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sac_torch import module_info, solve_sac
 
 import remat
 from remat.ir import Graph, Plan, checkpoint_class, eager_plan, format_bytes, simulate
@@ -164,9 +174,15 @@ def _free_port() -> int:
 
 
 def _rows(
-    graph: Graph, units: tuple[str, ...], time_limit_s: float, solve: bool = True
+    graph: Graph,
+    units: tuple[str, ...],
+    time_limit_s: float,
+    solve: bool = True,
+    unsharded: Graph | None = None,
 ) -> list[dict[str, Any]]:
-    """The predicted rows of one per-rank graph: name, plan, peak, overhead, solve seconds."""
+    """The predicted rows of one per-rank graph: name, plan, peak, overhead, solve seconds;
+    with ``unsharded`` (the step the rank graph was sharded from), ``sac_milp``'s rows at each
+    of remat's budgets."""
     eager = simulate(graph, eager_plan(graph))
     base = eager.total_time_s
     rows: list[dict[str, Any]] = [
@@ -197,6 +213,33 @@ def _rows(
              "budget": r.budget_bytes, "fits": r.fits, "solve_s": time.perf_counter() - t,
              "bound": bound, "solver": r.solver}
         )  # fmt: skip
+    if unsharded is None or graph.sharding is None:
+        return rows
+    world = graph.sharding.world_size
+    info = module_info(unsharded, units)
+    base_ms = (
+        info["mod_stats"][0]["fw_runtime_per_module"]
+        + info["mod_stats"][0]["bw_runtime_per_module"]
+    )
+    for label, budget in [(r["row"], r["budget"]) for r in rows if "budget" in r]:
+        t = time.perf_counter()
+        sac = solve_sac(unsharded, graph, units, budget, world)
+        row: dict[str, Any] = {
+            "row": label.replace("remat", "sac_milp"), "plan": sac.plan, "budget": budget,
+            "solver": "sac_milp", "solve_s": time.perf_counter() - t,
+            "own": (sac.milp_peak_bytes, sac.milp_recompute_s * 1e3 / base_ms),
+            "units": len(sac.decisions),
+        }  # fmt: skip
+        if sac.plan is None:
+            row.update(peak=None, overhead=None, fits=False)
+        else:
+            sim = simulate(graph, sac.plan)
+            row.update(
+                peak=sim.peak_bytes,
+                overhead=sim.total_time_s / base - 1,
+                fits=sim.peak_bytes <= budget,
+            )
+        rows.append(row)
     return rows
 
 
@@ -206,8 +249,12 @@ def measured(kind: str, time_limit_s: float) -> list[dict[str, Any]]:
     model, inputs, loss_fn, units = build(kind)
     graph = remat.trace(model, inputs, loss_fn, cost="flops")
     rank = shard_graph(graph, ShardingSpec(world_size=WORLD, units=units))
-    rows = _rows(rank, units, time_limit_s)
-    plans = {r["row"]: (r["plan"].model_dump_json() if r["plan"] is not None else "") for r in rows}
+    rows = _rows(rank, units, time_limit_s, unsharded=graph)
+    plans = {
+        r["row"]: (r["plan"].model_dump_json() if r["plan"] is not None else "")
+        for r in rows
+        if r["peak"] is not None
+    }
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _worker,
@@ -218,7 +265,8 @@ def measured(kind: str, time_limit_s: float) -> list[dict[str, Any]]:
         )
         per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r in rows:
-        r["measured"] = max(p[r["row"]] for p in per_rank)
+        if r["row"] in plans:
+            r["measured"] = max(p[r["row"]] for p in per_rank)
     return rows
 
 
@@ -228,26 +276,36 @@ def planned(name: str, world: int, time_limit_s: float, solve: bool) -> list[dic
     graph, _ = load_graph(name)
     units = tuple(p for p in checkpoint_class.blocks(graph) if p.startswith("model.layers."))
     rank = shard_graph(graph, ShardingSpec(world_size=world, units=units))
-    return _rows(rank, units, time_limit_s, solve)
+    return _rows(rank, units, time_limit_s, solve, unsharded=graph if solve else None)
 
 
 def _table(title: str, rows: list[dict[str, Any]]) -> str:
     head = (
         "| row | budget | per-rank peak (predicted) | measured | error | overhead (predicted) "
-        "| bound | solver |"
+        "| bound | solver | own estimate |"
     )
-    lines = [f"### {title}", "", head, "|---|---|---|---|---|---|---|---|"]
+    lines = [f"### {title}", "", head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r.get("measured")
-        err = "" if m is None else f"{(r['peak'] - m) / m:+.2%}"
+        err = "" if m is None or r["peak"] is None else f"{(r['peak'] - m) / m:+.2%}"
         budget = "" if "budget" not in r else format_bytes(r["budget"])
         if "fits" in r and not r["fits"]:
-            budget += " (no plan fits: smallest shown)"
+            budget += (
+                " (over budget)" if r.get("solver") == "sac_milp" and r["peak"] is not None
+                else " (no plan fits: smallest shown)"
+            )  # fmt: skip
+        own = ""
+        if "own" in r:
+            own = "no solution" if r["own"][0] < 0 else (
+                f"{format_bytes(r['own'][0])}, {r['own'][1]:+.1%}"
+            )  # fmt: skip
+        peak = "-" if r["peak"] is None else format_bytes(r["peak"])
+        overhead = "-" if r["overhead"] is None else f"{r['overhead']:+.1%}"
         lines.append(
-            f"| {r['row']} | {budget} | {format_bytes(r['peak'])} "
-            f"| {'' if m is None else format_bytes(m)} | {err} | {r['overhead']:+.1%} "
+            f"| {r['row']} | {budget} | {peak} "
+            f"| {'' if m is None else format_bytes(m)} | {err} | {overhead} "
             f"| {'' if r.get('bound') is None else format(r['bound'], '+.1%')} "
-            f"| {r.get('solver', '')} |"
+            f"| {r.get('solver', '')} | {own} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -256,6 +314,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", default="measured,planned")
     ap.add_argument("--big", action="store_true", help="also solve the 70B graphs (slow)")
+    ap.add_argument("--models", default="llama7b,llama70b", help="the planned part's graphs")
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--json", metavar="PATH", help="write the rows (without plans) as JSON")
     args = ap.parse_args()
@@ -266,7 +325,7 @@ def main() -> None:
             out[f"{kind}, 2 CPU ranks (gloo), measured"] = measured(kind, args.time_limit)
             print(_table(*list(out.items())[-1]), flush=True)
     if "planned" in parts:
-        for name in ("llama7b", "llama70b"):
+        for name in args.models.split(","):
             for world in (8, 64):
                 solve = name != "llama70b" or args.big
                 key = f"{name}, {world} ranks, h100, planned"
