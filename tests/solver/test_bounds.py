@@ -246,7 +246,7 @@ def test_stage_relaxation_can_beat_checkmates_stage_order() -> None:
         (8, 1),
         (8, 5),
         (8, 6),
-        pytest.param(9, 2, marks=pytest.mark.slow),  # 20-25 s: the exact MILP's 10 s limits
+        pytest.param(9, 2, marks=pytest.mark.slow),  # 25-60 s each: the MILP's 10 s limits
         pytest.param(10, 2, marks=pytest.mark.slow),
     ],
 )
