@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from remat.executor.calls import describe, example, signature
+from remat.executor.calls import describe, example, forward_for_capture, signature
 from remat.executor.codegen import CodeGen, ident
 from remat.executor.hostmem import HostMemory
 from remat.executor.opexec import (
@@ -212,6 +212,8 @@ class _Applied:
     capture: Any = None
     """A capture given to :func:`apply`, used for the first signature."""
     return_outputs: bool = False
+    forward: Any = None
+    """The forward :func:`apply` installed (what the capture calls the model through)."""
 
 
 def _check_graph(expected: Graph | None, result: Any, cap: Any, sim: Simulation) -> None:
@@ -289,9 +291,10 @@ def _capturing(applied: _Applied, fn: Callable[..., Any], *args: Any, **kwargs: 
     tracker must not see the capture's fake tensors)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
+    model = args[0]
     applied.capturing = True
     try:
-        with _disable_current_modes():
+        with _disable_current_modes(), forward_for_capture(model, applied.forward):
             return fn(*args, **kwargs)
     finally:
         applied.capturing = False
@@ -481,6 +484,7 @@ def apply(
             return around.rebuild(out[0], out[1:])
         return around.rebuild(out)
 
+    applied.forward = forward
     if example_inputs is not None:
         args_, kwargs_ = (
             ((), dict(example_inputs))

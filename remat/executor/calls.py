@@ -4,6 +4,8 @@ takes them. Shared by both executors' per-call planning (:func:`remat.apply` wit
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +36,31 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     if kwargs and not args:
         parts.append(("data", *batch_facts(kwargs)))
     return tuple(parts)
+
+
+@contextlib.contextmanager
+def forward_for_capture(
+    model: torch.nn.Module, forward: Callable[..., Any] | None
+) -> Iterator[None]:
+    """While the per-call capture runs ``model``, its ``forward`` is ``forward`` (remat's own).
+
+    A wrapper put on ``model.forward`` after remat's (Accelerate's ``prepare`` wraps it in a
+    ``torch.autocast`` decorator) has already run around the call being planned; running it
+    again inside re-enters the same ``torch.autocast`` object, which keeps one previous
+    state per object, so its outer exit leaves autocast on for the rest of the process."""
+    if forward is None:
+        yield
+        return
+    own = model.__dict__  # an instance attribute, as nn.Module.__setattr__ keeps a function
+    had, saved = "forward" in own, own.get("forward")
+    own["forward"] = forward
+    try:
+        yield
+    finally:
+        if had:
+            own["forward"] = saved
+        else:
+            del own["forward"]
 
 
 def describe(sig: tuple[Any, ...]) -> str:

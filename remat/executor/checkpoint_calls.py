@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
-from remat.executor.calls import example, signature
+from remat.executor.calls import example, forward_for_capture, signature
 from remat.executor.module import ModulePlan, checked_plan, install, regions_plan, remove, uninstall
 from remat.ir import Graph, SolveResult
 
@@ -42,6 +42,8 @@ class _PerCall:
     originals: dict[str, Any] = field(default_factory=dict)
     capturing: bool = False
     return_outputs: bool = False
+    forward: Any = None
+    """The forward :func:`apply_checkpoint_per_call` installed (the capture calls it)."""
     """Trace each signature with the model's other outputs held until the backward."""
 
     @property
@@ -63,7 +65,8 @@ class _PerCall:
             self.take_off(model)
             self.capturing = True
             try:
-                with _disable_current_modes():  # a caller's memory tracker sees no fake tensor
+                # a caller's memory tracker sees no fake tensor
+                with _disable_current_modes(), forward_for_capture(model, self.forward):
                     cap = trace_capture(
                         model,
                         example(args, kwargs),
@@ -115,6 +118,7 @@ def apply_checkpoint_per_call(
             state.originals, state.installed = install(model, state.plans[sig]), sig
         return unmodified(*args, **kwargs)
 
+    state.forward = forward
     model.forward = forward
     model._remat_applied = state  # type: ignore[assignment]
     return model
