@@ -249,12 +249,15 @@ def module_info(graph: Graph, units: tuple[str, ...]) -> dict[str, Any]:
         t_star = max(range(k0, k1 + 1), key=lambda t: during_act[t] + during_tmp[t])
         sac = sac_stats(graph, unit)
         slopes, intercepts, breaks, curve = tradeoff(sac)
+        own_params = (
+            params
+            if not unit
+            else sum(graph.value(x).size_bytes for x in read if graph.value(x).kind == "param")
+        )
         return {
             "fqn": fqn,
-            "param_per_module": params if not unit else sum(
-                graph.value(x).size_bytes for x in read if graph.value(x).kind == "param"
-            ),
-            "grad_per_module": 0,
+            "param_per_module": own_params,
+            "grad_per_module": own_params,  # as aggregate_stats; sac_milp reads the root's only
             "grad_total": grads,
             "act_fw_per_module": max(0, post_act - pre_act - outputs),
             "act_bw_per_module": during_act[t_star],
