@@ -69,45 +69,34 @@ class SacResult:
 
 
 def _liveness(graph: Graph) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Per step of the eager schedule: activation and backward bytes alive *during* the step,
-    and alive *after* its frees (forward-made values count as activations, backward-made ones as
+    """Per node of the eager schedule (:func:`remat.ir.eager_plan`, its frees as eager makes
+    them): activation and backward bytes alive *during* the node, and alive *after* the frees
+    that follow it (forward-made values count as activations, backward-made ones as
     temporaries; inputs and static values are not counted)."""
-    n = graph.num_nodes
-    last_use: dict[str, int] = {}
-    for i, nd in enumerate(graph.nodes):
-        for x in nd.inputs:
-            last_use[x] = i
-    d_act = [0] * (n + 2)
-    d_tmp = [0] * (n + 2)
-    a_act = [0] * (n + 2)
-    a_tmp = [0] * (n + 2)
-    for v in graph.values:
-        p = graph.producer_position(v.id)
-        if p is None or v.kind == "input" or graph.is_static(v.id):
-            continue
-        if graph.is_required(v.id):
-            end = n - 1
-            after_end = n  # never freed
-        else:
-            end = max(p, last_use.get(v.id, p))
-            if v.eager_free_after is not None:
-                end = max(end, graph.node_position(v.eager_free_after))
-            after_end = end
-        forward = graph.nodes[p].phase == "forward"
-        during, after = (d_act, a_act) if forward else (d_tmp, a_tmp)
-        during[p] += v.size_bytes
-        during[end + 1] -= v.size_bytes
-        after[p] += v.size_bytes
-        after[after_end] -= v.size_bytes
-
-    def run(d: list[int]) -> list[int]:
-        out, s = [], 0
-        for i in range(n):
-            s += d[i]
-            out.append(s)
-        return out
-
-    return run(d_act), run(d_tmp), run(a_act), run(a_tmp)
+    alive = {"forward": 0, "backward": 0}
+    phase_of: dict[str, str] = {}
+    during_act: list[int] = []
+    during_tmp: list[int] = []
+    after_act: list[int] = []
+    after_tmp: list[int] = []
+    for st in eager_plan(graph).steps:
+        if st.op == "compute":
+            if during_act:  # the previous node's frees are done
+                after_act.append(alive["forward"])
+                after_tmp.append(alive["backward"])
+            nd = graph.node(st.id)
+            for o in nd.outputs:
+                if not graph.is_static(o):
+                    phase_of[o] = nd.phase
+                    alive[nd.phase] += graph.value(o).size_bytes
+            during_act.append(alive["forward"])
+            during_tmp.append(alive["backward"])
+        elif st.op == "free" and st.id in phase_of:
+            alive[phase_of[st.id]] -= graph.value(st.id).size_bytes
+    if during_act:
+        after_act.append(alive["forward"])
+        after_tmp.append(alive["backward"])
+    return during_act, during_tmp, after_act, after_tmp
 
 
 def _param_bytes(graph: Graph) -> int:
