@@ -518,27 +518,29 @@ def _selective(
             saved[path].add(nid)
         return saved
 
-    best = judge_saved(prefix_of(0))
     best_saved = prefix_of(0)
+    best = judge_saved(best_saved)
     if best.simulation.peak_bytes > budget_bytes:
         return best
     lo, hi = 0, len(order)  # the longest prefix that fits, by bisection (peaks grow with it)
     while lo < hi:  # a few dozen simulations at most: always run to the end
         mid = (lo + hi + 1) // 2
-        cand = judge_saved(prefix_of(mid))
+        saved = prefix_of(mid)
+        cand = judge_saved(saved)
         if cand.simulation.peak_bytes <= budget_bytes:
             lo = mid
             if better(cand, best):
-                best, best_saved = cand, prefix_of(mid)
+                best, best_saved = cand, saved
         else:
             hi = mid - 1
     # peaks are not quite monotone in the prefix: a few longer ones may still fit
     for n in range(lo + 1, min(lo + 9, len(order) + 1)):
         if time.monotonic() > deadline:
             break
-        cand = judge_saved(prefix_of(n))
+        saved = prefix_of(n)
+        cand = judge_saved(saved)
         if better(cand, best):
-            best, best_saved = cand, prefix_of(n)
+            best, best_saved = cand, saved
     # then block by block, from the last (its activations are held the shortest), its next
     # densest node saved too while the plan still fits and gets faster
     own = {path: [nid for path_, nid in order if path_ == path] for path in paths}
