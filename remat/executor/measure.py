@@ -114,10 +114,13 @@ class LiveStorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         returns = func._schema.returns
         flat = out if isinstance(out, (tuple, list)) else (out,)
+        # One return of list type (``split``: ``Tensor(a)[]``) covers every tensor of the list.
+        listed = len(returns) == 1 and isinstance(out, (tuple, list))
         for i, t in enumerate(flat):
             if not isinstance(t, torch.Tensor):
                 continue
-            if i < len(returns) and returns[i].alias_info is not None:
+            ret = returns[0] if listed else returns[i] if i < len(returns) else None
+            if ret is not None and ret.alias_info is not None:
                 continue  # a view or an in-place result: no new memory
             if t.device.type == "meta":
                 continue
