@@ -36,7 +36,9 @@ offloading is not part of the class.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from remat.ir.cuts import block_key
@@ -370,21 +372,56 @@ class Fit:
     regions: tuple[Region, ...]
 
 
+def _densities(graph: Graph, r: Region) -> dict[str, float]:
+    """Seconds of recomputation a node of region ``r`` saves per byte it holds when saved: its
+    time over the bytes of its outputs that the backward pass reads (the ones the policy
+    caches). Nodes whose outputs the backward does not read hold nothing when saved (``inf``)."""
+    bwd_reads = graph.memo("checkpoint_class.bwd_reads", lambda: frozenset(
+        x for n in graph.backward_nodes for x in n.inputs
+    ))  # fmt: skip
+    out: dict[str, float] = {}
+    for nid in r.nodes:
+        if nid in r.save:
+            continue
+        n = graph.node(nid)
+        held = sum(graph.value(o).size_bytes for o in n.outputs if o in bwd_reads)
+        out[nid] = math.inf if held == 0 else n.time_s / held
+    return out
+
+
 def fit(
     graph: Graph,
     budget_bytes: int,
     *,
     seeds: Iterable[Plan] = (),
     host_bandwidth_bytes_per_s: float | None = None,
+    time_budget_s: float = 10.0,
 ) -> Fit:
     """The fastest plan of the class found within ``budget_bytes`` (or the smallest peak).
 
-    Candidates: the projections of ``seeds`` (other solvers' plans), then a greedy search over
-    blocks: starting from no region, add the block whose region (every node recomputed that
-    may be) lowers the simulated peak the most per second of recomputation, until the plan
-    fits. Every candidate is judged by the simulator.
+    Candidates, each judged by the simulator:
+
+    1. the projections of ``seeds`` (other solvers' plans);
+    2. a greedy search over whole regions: starting from no region, add the block whose
+       region (every node recomputed that may be) lowers the simulated peak the most per
+       second of recomputation, until the plan fits;
+    3. selective regions: the nodes of every block ranked together by the recomputation time
+       their saving spares per byte it holds (:func:`_densities`; in a tie, the later block
+       first), and each plan saving a prefix of that ranking (a block none of whose values
+       the backward reads is recomputed gets no region). The longest prefix that fits is
+       found by bisection, then the few after it are tried, as peaks are not quite monotone
+       in the prefix: the greedy knapsack by value density (as in selective activation
+       checkpointing by op cost, Korthikanti et al. 2022), with the simulator as the judge.
+       Then, block by block from the last (whose activations are held the shortest), its
+       next densest node is saved too where the plan still fits and gets faster, until a
+       pass changes nothing.
+
+    Candidate 3 runs first: its bisection to the end (a simulation per halving), the rest
+    within ``time_budget_s``; candidate 2 then stops when the budget is spent, provided a plan
+    that fits is in hand (it always runs to a fit otherwise).
     """
     bw = host_bandwidth_bytes_per_s
+    started = time.monotonic()
 
     def judge(regs: list[Region]) -> Fit:
         p = checkpoint_plan(graph, regs)
@@ -407,15 +444,26 @@ def fit(
             best = cand
     chosen: list[Region] = []
     current = judge(chosen)
-    if better(current, best):
+    if best is None or better(current, best):
         best = current
+    if current.simulation.peak_bytes <= budget_bytes:
+        return best  # eager fits: nothing is faster
     options: Mapping[str, Region] = {
         path: region(graph, path) for path in blocks(graph) if admissible(graph, path)
     }
     options = {p: r for p, r in options.items() if set(r.nodes) - r.save}
+    found = _selective(graph, budget_bytes, judge, better, options, started + time_budget_s)
+    if found is not None and better(found, best):
+        best = found
+    fits = best.simulation.peak_bytes <= budget_bytes
+    deadline = started + time_budget_s
     while current.simulation.peak_bytes > budget_bytes and options:
+        if fits and time.monotonic() > deadline:
+            break  # a plan that fits is in hand; the greedy's next rounds are out of time
         scored: list[tuple[float, str, Fit]] = []
         for path, r in options.items():
+            if fits and scored and time.monotonic() > deadline:
+                break  # out of time: the round's best so far
             cand = judge([*chosen, r])
             gain = current.simulation.peak_bytes - cand.simulation.peak_bytes
             cost = max(cand.simulation.total_time_s - current.simulation.total_time_s, 1e-12)
@@ -430,7 +478,85 @@ def fit(
         current = cand
         if better(current, best):
             best = current
-    assert best is not None
+    return best
+
+
+def _selective(
+    graph: Graph,
+    budget_bytes: int,
+    judge: Callable[[list[Region]], Fit],
+    better: Callable[[Fit, Fit | None], bool],
+    options: Mapping[str, Region],
+    deadline: float,
+) -> Fit | None:
+    """Candidate 3 of :func:`fit`: save a prefix of every block's nodes ranked by density."""
+    dens = {path: _densities(graph, r) for path, r in options.items()}
+    paths = list(options)  # graph order (blocks() lists them by first forward node)
+    ranked = sorted(
+        (
+            (-d, -k, -graph.node(nid).time_s, path, nid)
+            for k, path in enumerate(paths)
+            for nid, d in dens[path].items()
+            if d != math.inf
+        ),
+    )  # densest first; in a tie, the later block first
+    order = [(path, nid) for *_, path, nid in ranked]
+    finite = {path: {nid for nid, d in dens[path].items() if d != math.inf} for path in paths}
+
+    def judge_saved(saved: Mapping[str, set[str]]) -> Fit:
+        regs = []
+        for path in paths:
+            if finite[path] and saved[path] >= finite[path]:
+                continue  # every value its backward reads is kept: no region
+            r = options[path]
+            regs.append(Region(r.path, r.nodes, frozenset(r.save | saved[path])))
+        return judge(regs)
+
+    def prefix_of(n: int) -> dict[str, set[str]]:
+        saved: dict[str, set[str]] = {path: set() for path in paths}
+        for path, nid in order[:n]:
+            saved[path].add(nid)
+        return saved
+
+    best_saved = prefix_of(0)
+    best = judge_saved(best_saved)
+    if best.simulation.peak_bytes > budget_bytes:
+        return best
+    lo, hi = 0, len(order)  # the longest prefix that fits, by bisection (peaks grow with it)
+    while lo < hi:  # a few dozen simulations at most: always run to the end
+        mid = (lo + hi + 1) // 2
+        saved = prefix_of(mid)
+        cand = judge_saved(saved)
+        if cand.simulation.peak_bytes <= budget_bytes:
+            lo = mid
+            if better(cand, best):
+                best, best_saved = cand, saved
+        else:
+            hi = mid - 1
+    # peaks are not quite monotone in the prefix: a few longer ones may still fit
+    for n in range(lo + 1, min(lo + 9, len(order) + 1)):
+        if time.monotonic() > deadline:
+            break
+        saved = prefix_of(n)
+        cand = judge_saved(saved)
+        if better(cand, best):
+            best, best_saved = cand, saved
+    # then block by block, from the last (its activations are held the shortest), its next
+    # densest node saved too while the plan still fits and gets faster
+    own = {path: [nid for path_, nid in order if path_ == path] for path in paths}
+    changed = True
+    while changed:
+        changed = False
+        for path in reversed(paths):
+            if time.monotonic() > deadline:
+                return best
+            rest = [nid for nid in own[path] if nid not in best_saved[path]]
+            if not rest:
+                continue
+            trial = {**best_saved, path: best_saved[path] | {rest[0]}}
+            cand = judge_saved(trial)
+            if better(cand, best):
+                best, best_saved, changed = cand, trial, True
     return best
 
 

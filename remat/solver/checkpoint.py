@@ -16,7 +16,12 @@ def restrict(problem: Problem, result: SolveResult) -> SolveResult:
     """
     started = time.perf_counter() - (result.solve_time_s or 0.0)
     seeds: list[Plan] = [result.plan] if result.plan is not None else []
-    found = fit(problem.graph, problem.budget_bytes, seeds=seeds)
+    # the class search has what is left of the time limit, and at least 10 s (or the whole
+    # limit, when that is shorter): the solver before it may have spent all of it; 10 s
+    # without a limit
+    limit = problem.time_limit_s
+    budget_s = 10.0 if limit is None else max(problem.time_left_s(), min(limit, 10.0))
+    found = fit(problem.graph, problem.budget_bytes, seeds=seeds, time_budget_s=budget_s)
     paths = ", ".join(r.path for r in found.regions) or "none"
     return problem.result(
         found.plan,

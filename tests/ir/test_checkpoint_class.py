@@ -129,3 +129,25 @@ def test_recomputation_runs_before_its_autograd_nodes_first_op_and_stops_early()
         s.id for s in cc.checkpoint_plan(flat, [cc.region(flat, "blk")]).steps if s.op == "compute"
     ]
     assert flat_computes == ["f", "g", "L", "dL", "z0", "f", "gb", "fw"]
+
+
+def test_fit_saves_the_ops_that_cost_most_to_recompute_per_byte() -> None:
+    # Between eager and every block recomputed whole, the class holds plans whose regions
+    # keep their matmul outputs and recompute the rest: fit finds one (the whole-region
+    # greedy alone does not: its regions save only what they must), within the budget and
+    # faster than the whole regions of the same blocks.
+    graph = synthetic.transformer(4, d_model=64, num_heads=2, seq_len=64, batch_size=2,
+                                  vocab_size=128)  # fmt: skip
+    eager = simulate(graph, eager_plan(graph))
+    whole = cc.checkpoint_plan(graph, [cc.region(graph, f"layers.{i}") for i in range(4)])
+    budget = (eager.peak_bytes + simulate(graph, whole).peak_bytes) // 2
+    found = cc.fit(graph, budget)
+    assert cc.in_class(graph, found.plan)
+    assert found.simulation.peak_bytes <= budget
+    selective = [r for r in found.regions if r.save - cc.forced_saves(graph, r.path, r.nodes)]
+    assert selective
+    same = cc.checkpoint_plan(graph, [cc.region(graph, r.path) for r in found.regions])
+    assert found.simulation.total_time_s < simulate(graph, same).total_time_s
+    # with no time for the search, its first candidates still stand
+    quick = cc.fit(graph, budget, time_budget_s=0.0)
+    assert quick.simulation.peak_bytes <= budget
