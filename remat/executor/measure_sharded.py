@@ -15,12 +15,13 @@ gloo runs each collective on a worker thread, and its work object holds referenc
 collective's tensors until that thread lets go of it, just *after* it has woken the waiting
 rank. When the worker is descheduled in between, FSDP2's all-gather buffer (or its
 reduce-scatter input) outlives the moment the step drops it, by however long the scheduler
-takes, and the peak measured on a loaded machine varied from run to run by a unit's gathered
-parameters (on the FSDP test's GPT, 691,592 B in most runs and 726,024 or 742,408 B in one of
-four). The step drops those buffers when it is done with them; the tracker measures that
-program, not gloo's thread timing: while it is active, every ``Work.wait()`` returns only
-once the process's other threads are off the CPU (read from ``/proc``, Linux only; at most
-:data:`QUIESCE_S` seconds), so the worker has released the work before the step goes on.
+takes, and the measured peak varied from run to run by a unit's gathered parameters (on the
+FSDP test's GPT, 691,592 B in most runs and 726,024 or 742,408 B in about one in ten: from one
+in four to one in forty in batches of runs). The step drops those buffers when it is done
+with them; the tracker measures that program, not gloo's thread timing: while it is
+active, every ``Work.wait()`` returns only once the process's other threads are off the CPU
+(read from ``/proc``, Linux only; at most :data:`QUIESCE_S` seconds), so the worker has
+released the work before the step goes on.
 """
 
 from __future__ import annotations
