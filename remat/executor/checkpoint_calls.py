@@ -42,9 +42,9 @@ class _PerCall:
     originals: dict[str, Any] = field(default_factory=dict)
     capturing: bool = False
     return_outputs: bool = False
+    """Trace each signature with the model's other outputs held until the backward."""
     forward: Any = None
     """The forward :func:`apply_checkpoint_per_call` installed (the capture calls it)."""
-    """Trace each signature with the model's other outputs held until the backward."""
 
     @property
     def plan(self) -> ModulePlan | None:

@@ -34,6 +34,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from remat.tracer.eager_frees import return_alias
+
 LossFn = Callable[[Any], torch.Tensor]
 StepFn = Callable[[], Any]
 
@@ -114,13 +116,10 @@ class LiveStorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         returns = func._schema.returns
         flat = out if isinstance(out, (tuple, list)) else (out,)
-        # One return of list type (``split``: ``Tensor(a)[]``) covers every tensor of the list.
-        listed = len(returns) == 1 and isinstance(out, (tuple, list))
         for i, t in enumerate(flat):
             if not isinstance(t, torch.Tensor):
                 continue
-            ret = returns[0] if listed else returns[i] if i < len(returns) else None
-            if ret is not None and ret.alias_info is not None:
+            if return_alias(returns, out, i) is not None:
                 continue  # a view or an in-place result: no new memory
             if t.device.type == "meta":
                 continue

@@ -93,7 +93,7 @@ class ResizeAwareTracker(LiveStorageTracker):
     def __init__(self) -> None:
         super().__init__()
         self._orig_resize: Any = None
-        self._orig_wait: Any = None
+        self._orig_wait: tuple[Any, Any] | None = None  # (gloo's Work class, its own wait)
 
     def _resized(self, storage: torch.UntypedStorage, before: int) -> None:
         key = self._key_of.get(id(storage))
@@ -122,7 +122,7 @@ class ResizeAwareTracker(LiveStorageTracker):
         work = _work_class()
         if work is not None:
             orig_wait = work.wait
-            self._orig_wait = orig_wait
+            self._orig_wait = (work, orig_wait)
 
             def wait(w: Any, *args: Any, **kwargs: Any) -> Any:
                 out = orig_wait(w, *args, **kwargs)
@@ -137,7 +137,8 @@ class ResizeAwareTracker(LiveStorageTracker):
         super().__exit__(*exc)
         torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
         if self._orig_wait is not None:
-            _work_class().wait = self._orig_wait
+            work, orig_wait = self._orig_wait
+            work.wait = orig_wait
             self._orig_wait = None
 
 

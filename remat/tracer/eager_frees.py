@@ -81,6 +81,15 @@ class EagerForwardLog:
     closed: bool = False
 
 
+def return_alias(returns: Any, out: Any, i: int) -> Any:
+    """The alias annotation of output ``i`` of an op with schema returns ``returns`` (None when
+    it is new memory). One return of list type (``split``: ``Tensor(a)[]``) covers every
+    tensor of the list."""
+    if len(returns) == 1 and isinstance(out, (tuple, list)):
+        return returns[0].alias_info
+    return returns[i].alias_info if i < len(returns) else None
+
+
 class _ForwardLogger(TorchDispatchMode):
     def __init__(self, log: EagerForwardLog) -> None:
         super().__init__()
@@ -105,7 +114,7 @@ class _ForwardLogger(TorchDispatchMode):
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
             st = t.untyped_storage()
-            alias = returns[i].alias_info if i < len(returns) else None
+            alias = return_alias(returns, out, i)
             if alias is not None:
                 if alias.is_write and id(st) in self._key_of:
                     wrote.append(self._key_of[id(st)])
