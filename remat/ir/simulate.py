@@ -14,7 +14,8 @@ Model
   has a copy stream per direction (:class:`~remat.ir.device_profile.HostLink`): offloads run in
   plan order on the device-to-host stream, prefetches on the host-to-device one, each taking its
   latency plus ``size_bytes`` over its direction's bandwidth; an offload cannot start before its
-  value has been computed, a prefetch not before its offload has finished. A link whose copies
+  value has been computed, a prefetch not before its offload has finished, nor before the
+  compute stream reaches it in plan order (its device buffer is allocated there). A link whose copies
   do not overlap compute runs each copy on the compute stream instead (counted as stall). The
   step's time is when every stream is done; each direction's busy time is reported.
 * Host memory. An offload allocates its host copy when it starts; the host copy is released
@@ -300,7 +301,8 @@ def simulate(
                 cur -= size[sid]
             dur = latency + size[sid] / h2d_bw
             if overlaps:
-                begin = max(t_h2d, host_ready[sid])
+                # Not before the plan issues it: its device buffer is allocated here.
+                begin = max(t_c, t_h2d, host_ready[sid])
                 t_h2d = begin + dur
             else:
                 begin = max(t_c, t_h2d, host_ready[sid])

@@ -307,6 +307,11 @@ def build(graph: Graph, budget_bytes: int, *, offload: bool, margin: float = 0.0
             # a prefetch starts once the host copy is complete
             m.add_row([(Y[t], 1.0), (X[a], -1.0), *pb, (o, -big), (pc, -big)],
                       -2 * big, math.inf)  # fmt: skip
+    for t in sorted({t for t, _ in pm.P if t}):
+        # a prefetch starts once the compute stream reaches its boundary (its device buffer
+        # is allocated there), so the stage's batch ends no earlier than that plus its copies
+        batch = [(c, -h2d(x)) for (b, x), c in pm.P.items() if b == t]
+        m.add_row([(Y[t], 1.0), (E[t - 1], -1.0), *batch], 0.0, math.inf)
     for (t, _v), pc in pm.P.items():
         # the stage waits for its prefetches (all of the stream's so far)
         m.add_row([(B[t], 1.0), (Y[t], -1.0), (pc, -big)], -big, math.inf)

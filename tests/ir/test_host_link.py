@@ -61,14 +61,14 @@ def test_link_rates_must_agree_with_the_old_field() -> None:
 
 def test_each_direction_has_its_own_stream_and_rate() -> None:
     g = offload_chain(f3_time_s=0.5)
-    # offload at 100 B/s: 1..2; prefetch at 25 B/s on its own stream once the host copy is
-    # there: 2..6 (copies do not wait for the compute stream to reach them)
+    # offload at 100 B/s: 1..2; prefetch at 25 B/s on its own stream, from when the compute
+    # stream reaches it (t=3.5, its host copy done since 2): 3.5..7.5
     sim = simulate(g, OFFLOAD_PLAN, link=_link(device_to_host_bytes_per_s=100,
                                                host_to_device_bytes_per_s=25))  # fmt: skip
     assert sim.device_to_host_busy_s == pytest.approx(1.0)
     assert sim.host_to_device_busy_s == pytest.approx(4.0)
-    assert sim.stall_time_s == pytest.approx(2.5)  # f4 waits 3.5..6
-    assert sim.total_time_s == pytest.approx(7.0)
+    assert sim.stall_time_s == pytest.approx(4.0)  # f4 waits 3.5..7.5
+    assert sim.total_time_s == pytest.approx(8.5)
 
 
 def test_latency_is_paid_per_copy() -> None:

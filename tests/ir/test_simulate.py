@@ -107,12 +107,13 @@ def test_offload_that_overlaps_by_hand() -> None:
     # a (100 B) is ready at t=1; its offload runs 1..3 on the copy stream while f2, f3 compute.
     # f1 110, f2 120, offload issued 120 (copy not done), f3 (t=2..7) +c 170,
     # free b: the copy finished at 3 <= 7 so a is gone (70), minus b = 60; f5 +e 120 (t=8),
-    # free c 70, prefetch a (copy 3..5) +100 170, f4 at t=8 (a ready since 5: no stall) +L 171,
-    # free a 71, free e 11.
+    # free c 70, prefetch a +100 170 (issued at t=8, when the compute stream reaches it: its
+    # buffer is allocated there; copy 8..10), f4 waits for it (a 2 s stall) and runs 10..11
+    # +L 171, free a 71, free e 11.
     assert sim.timeline_bytes == [110, 120, 120, 170, 60, 120, 70, 170, 171, 71, 11]
     assert sim.peak_dynamic_bytes == 171
-    assert sim.stall_time_s == 0
-    assert sim.total_time_s == pytest.approx(9.0)
+    assert sim.stall_time_s == pytest.approx(2.0)
+    assert sim.total_time_s == pytest.approx(11.0)
     assert sim.transfer_time_s == pytest.approx(4.0)  # 100 B each way at 50 B/s
     assert sim.offload_bytes == 100 and sim.prefetch_bytes == 100
     # Without the offload the step peaks at 220 (f5 with a, c, e live): the offload saves 49 B.
@@ -124,11 +125,12 @@ def test_offload_that_stalls_by_hand() -> None:
     sim = simulate(g, OFFLOAD_PLAN, host_bandwidth_bytes_per_s=50)
     # Offload of a runs 1..3. f3 ends at 2.5, so a is still held when b is freed (160) and when
     # f5 runs (t=2.5..3.5: 220). free c at t=3.5 sees the copy done: 70 after freeing c.
-    # prefetch a copies 3..5; f4 must wait from 3.5 to 5: a 1.5 s stall; ends at 6.
+    # prefetch a, issued at 3.5 (its host copy is done since 3), copies 3.5..5.5; f4 waits
+    # from 3.5 to 5.5: a 2 s stall; ends at 6.5.
     assert sim.timeline_bytes == [110, 120, 120, 170, 160, 220, 70, 170, 171, 71, 11]
     assert sim.peak_dynamic_bytes == 220 and sim.peak_step == 5
-    assert sim.stall_time_s == pytest.approx(1.5)
-    assert sim.total_time_s == pytest.approx(6.0)
+    assert sim.stall_time_s == pytest.approx(2.0)
+    assert sim.total_time_s == pytest.approx(6.5)
 
 
 def test_infinite_bandwidth_makes_transfers_free() -> None:

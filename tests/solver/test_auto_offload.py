@@ -27,7 +27,9 @@ def test_auto_reaches_poets_optimum_below_the_recompute_only_floor(seed: int, op
     r = remat.solve(g, budget)
     assert r.fits and r.plan is not None, r.message
     assert simulate(g, r.plan).peak_bytes <= budget
-    assert r.total_time_s == pytest.approx(poet.total_time_s, rel=1e-9), r.message
+    # as fast as poet's MILP optimum (within its gap: its copies may stall for a few
+    # picoseconds more than another plan's, as it weighs each copy too)
+    assert r.total_time_s <= poet.total_time_s * (1 + 1e-9), r.message
     assert "poet" in r.message
 
 
