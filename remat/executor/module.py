@@ -21,7 +21,6 @@ difference, pointing to the op-level ``remat.apply(model, result)``, which runs 
 from __future__ import annotations
 
 import functools
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,30 +35,14 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from remat.executor.hostmem import HostMemory
+from remat.executor.offload_blocks import OffloadBlock, offload_block, offloading
+from remat.executor.op_match import OpMatcher
 from remat.executor.opexec import ExecutorError, plan_to_run
 from remat.ir import Graph, InvalidPlanError, Plan, SolveResult, simulate
 from remat.ir.cuts import block_key
 
 _OP_OOP = "use remat.compile_step(model, example_inputs, loss_fn, result) (the op-level executor)"
-
-
-def _op_key(name: str) -> str:
-    """Normalize an op name so that eager and traced forms match: ``aten.div_.Scalar`` and
-    ``aten.div.Scalar`` -> ``div``; every batch-norm variant -> ``batch_norm``."""
-    base = name.split(".")[1] if name.startswith("aten.") else name.split(".")[0]
-    base = base.rstrip("_").lstrip("_")
-    if "batch_norm" in base:
-        return "batch_norm"
-    return re.sub(r"_functional$", "", base)
-
-
-def _func_key(func: Any) -> str:
-    return _op_key(f"aten.{func._schema.name.split('::')[-1]}")
-
-
-def _returns_alias(func: Any) -> bool:
-    returns = func._schema.returns
-    return bool(returns) and all(r.alias_info is not None for r in returns)
 
 
 class ModuleLevelWarning(UserWarning):
@@ -90,6 +73,10 @@ class ModulePlan:
     graph: Graph = field(repr=False)
     approximations: list[str] = field(default_factory=list)
     """What of the plan could not be expressed at module level (see :func:`module_plan`)."""
+    offloaded: tuple[OffloadBlock, ...] = ()
+    """Blocks whose saved tensors go to host memory (:mod:`remat.executor.offload_blocks`)."""
+    hosts: dict[torch.device, HostMemory] = field(default_factory=dict, repr=False)
+    """The host memory of the offloaded blocks, per device (bytes held, moved)."""
 
 
 def module_plan(
@@ -257,27 +244,6 @@ def module_plan(
     return ModulePlan(regions, frozenset(offload), graph, notes)
 
 
-class _Matcher:
-    """Matches the ATen ops of a forward pass to graph nodes, in order, by normalized name."""
-
-    LOOKAHEAD = 4
-
-    def __init__(self, graph: Graph, ids: tuple[str, ...]) -> None:
-        self.keys = [_op_key(graph.node(i).op) for i in ids]
-        self.ids = ids
-        self.pos = 0
-
-    def match(self, func: Any) -> str | None:
-        if _returns_alias(func) and not func._schema.is_mutable:
-            return None  # a view: not a node of the graph
-        key = _func_key(func)
-        for k in range(self.pos, min(self.pos + self.LOOKAHEAD, len(self.keys))):
-            if self.keys[k] == key:
-                self.pos = k + 1
-                return self.ids[k]
-        return None
-
-
 def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors an in-place op writes to."""
     out = []
@@ -299,7 +265,7 @@ def _policy_for(graph: Graph, region: Region) -> Callable[[], Any]:
     """
 
     def context_fn() -> Any:
-        matcher = _Matcher(graph, region.nodes)
+        matcher = OpMatcher(graph, region.nodes)
         cached: set[int] = set()
 
         def save(out: Any) -> CheckpointPolicy:
@@ -479,25 +445,35 @@ def regions_plan(graph: Graph, plan: Plan) -> ModulePlan:
     for r in checkpoint_class.regions_of(graph, plan):
         keep = checkpoint_class.cached(graph, r)
         regions.append(Region(r.path, r.nodes, keep, frozenset(r.nodes) - keep))
-    return ModulePlan(regions, frozenset(), graph)
+    offloaded = tuple(offload_block(graph, p) for p in checkpoint_class.offloads_of(graph, plan))
+    return ModulePlan(regions, frozenset(), graph, offloaded=offloaded)
 
 
 def install(model: nn.Module, mplan: ModulePlan) -> dict[str, Any]:
-    """Wrap each region's block ``forward`` in its checkpoint; the blocks' own ``forward``
-    attributes before (None: the class's), for :func:`uninstall`."""
+    """Wrap each region's block ``forward`` in its checkpoint, and each offloaded block's in
+    its saved-tensor hooks; the blocks' own ``forward`` attributes before (None: the
+    class's), for :func:`uninstall`."""
     originals: dict[str, Any] = {}
-    for region in mplan.regions:
+
+    def block(path: str) -> nn.Module:
         try:
-            mod = model.get_submodule(region.path)
+            mod = model.get_submodule(path)
         except AttributeError as exc:
             uninstall(model, originals)
             raise ExecutorError(
-                f"the plan's block {region.path!r} is not a submodule of this model: was the "
+                f"the plan's block {path!r} is not a submodule of this model: was the "
                 f"graph traced from it? ({exc})"
             ) from exc
-        originals[region.path] = mod.__dict__.get("forward")
+        originals[path] = mod.__dict__.get("forward")
+        return mod
+
+    for region in mplan.regions:
+        mod = block(region.path)
         fwd = _cloning_inputs(mod.forward) if getattr(mod, "inplace", False) else mod.forward
         mod.forward = _checkpointed(fwd, _policy_for(mplan.graph, region), list(mod.buffers()))
+    for off in mplan.offloaded:
+        mod = block(off.path)
+        mod.forward = offloading(mod.forward, mplan.graph, off, mplan.hosts)
     return originals
 
 

@@ -284,17 +284,23 @@ def verify(
         run = _eager_step(run_model, inputs, None)  # forward returns the loss
         host = planned_steps(run_model)[0].host
     else:
-        from remat.executor.module import apply_checkpoint
+        from remat.executor.module import applied_plan, apply_checkpoint
 
-        apply_checkpoint(run_model, result, graph)  # checkpoint plans offload nothing
+        apply_checkpoint(run_model, result, graph)
         run = _eager_step(run_model, inputs, loss_fn)
         host = None
+        blocks_host = applied_plan(run_model).hosts  # type: ignore[union-attr]
     if host is not None:
         host.reset_peak()
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
         mem = measure(run_model, inputs, loss_fn, step=keeping_loss("remat", run))
-    host_peak = host.peak_bytes if host is not None else 0
+    if host is not None:
+        host_peak = host.peak_bytes
+    elif executor == "checkpoint":  # offloaded blocks: their host memory, made at first use
+        host_peak = sum(h.peak_bytes for h in blocks_host.values())
+    else:
+        host_peak = 0
     loss, ref_loss = losses.get("remat"), losses.get("eager")
     diff, equal = _grad_diff(ref_grads, dict(run_model.named_parameters()))
     loss_diff = (

@@ -30,21 +30,32 @@ executor does.
 
 Limits, by construction: a region's recomputed values must stay inside it (read only by its
 own forward and backward nodes; a value another module reads is saved), ops without a module
-(the model's own ``forward``, the loss) are never recomputed, nothing is recomputed twice, and
-offloading is not part of the class.
+(the model's own ``forward``, the loss) are never recomputed, and nothing is recomputed twice.
+
+Offloaded blocks. A block that is not a region may instead be *offloaded*: the executor runs
+its forward under ``torch.autograd.graph.saved_tensors_hooks`` that move the tensors its
+autograd nodes save to host memory, and brings them back when the block's backward begins
+(a hook on the gradient of the block's output). :func:`offloadable` says which values move:
+activations the block makes that no other block reads (a value another block's backward
+reads stays on the device, held by that block's autograd nodes, and one another block's
+forward reads may be held by that block's checkpoint). As a
+plan: each is offloaded once plain eager would have freed it in the forward (after its last
+forward reader, or its ``eager_free_after`` node), and all are prefetched, in the order the
+backward reads them, just before the block's first backward node (ahead of the all-gathers
+FSDP2 issues at that point: the executor's hook is registered on the output before FSDP2's),
+then freed after their last backward reader. The copies overlap compute on a GPU (one copy
+stream per direction, :mod:`remat.executor.hostmem`); the first backward op of the block waits
+for the first prefetch.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from remat.ir.cuts import block_key
 from remat.ir.graph import Graph, Node
 from remat.ir.plan import Plan, Step
-from remat.ir.simulate import Simulation, simulate
 
 
 @dataclass(frozen=True)
@@ -139,13 +150,86 @@ def admissible(graph: Graph, path: str) -> bool:
     return all(graph.node(nid).recomputable for nid in all_blocks.get(path, ()))
 
 
-def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
-    """The plan that checkpoint regions execute (see the module docstring).
+@dataclass(frozen=True)
+class _OffloadFacts:
+    """Per block: the values an offloaded block moves, where each is offloaded, and where the
+    block's prefetches go."""
+
+    values: Mapping[str, tuple[str, ...]]
+    offload_after: Mapping[str, int]
+    """Value -> index of the node after which it is offloaded."""
+    prefetch_at: Mapping[str, int]
+    """Block -> index of the node its prefetches go before."""
+
+
+def _offload_facts(graph: Graph) -> _OffloadFacts:
+    nodes = graph.nodes
+    block = _bwd_block(graph)
+    pos = {n.id: i for i, n in enumerate(nodes)}
+    first_bwd: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.phase == "backward" and block[n.id] and block[n.id] not in first_bwd:
+            first_bwd[block[n.id]] = i
+    prefetch_at: dict[str, int] = {}
+    for path, i in first_bwd.items():
+        i = _autograd_node_start(nodes, i)
+        # FSDP2 issues its all-gathers from its own pre-backward hook on the same output,
+        # registered after remat's: the prefetches come first.
+        while i > 0 and nodes[i - 1].id.startswith("fsdp.all_gather.backward:"):
+            i -= 1
+        prefetch_at[path] = i
+    values: dict[str, list[str]] = {}
+    offload_after: dict[str, int] = {}
+    for path, members in blocks(graph).items():
+        for nid in members:
+            for o in graph.node(nid).outputs:
+                val = graph.value(o)
+                if val.kind != "activation" or graph.is_required(o) or graph.is_static(o):
+                    continue
+                readers = graph.consumers_of(o)
+                bwd = [c for c in readers if c.phase == "backward"]
+                if not bwd or any(block[c.id] != path for c in bwd):
+                    continue
+                if any(block[c.id] not in (path, "") for c in readers if c.phase == "forward"):
+                    continue  # another block's forward reads it: a region there would hold it
+                at = max([pos[nid], *(pos[c.id] for c in readers if c.phase == "forward")])
+                if val.eager_free_after is not None:
+                    if graph.node(val.eager_free_after).phase != "forward":
+                        continue  # eager holds it into the backward: offloading frees nothing
+                    at = max(at, pos[val.eager_free_after])
+                if path not in prefetch_at or at >= prefetch_at[path]:
+                    continue
+                values.setdefault(path, []).append(o)
+                offload_after[o] = at
+    return _OffloadFacts({p: tuple(v) for p, v in values.items()}, offload_after, prefetch_at)
+
+
+def offloadable(graph: Graph, path: str) -> tuple[str, ...]:
+    """The values block ``path`` moves to host memory when it is offloaded (see the module
+    docstring), in the order they are made; empty when it has none."""
+    facts = graph.memo("checkpoint_class.offload", lambda: _offload_facts(graph))
+    return facts.values.get(path, ())
+
+
+def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[str] = ()) -> Plan:
+    """The plan that checkpoint regions (and offloaded blocks) execute (see the module
+    docstring).
+
+    Parameters
+    ----------
+    graph
+        The step.
+    regions
+        The checkpoint regions.
+    offload
+        Paths of blocks whose saved tensors go to host memory (:func:`offloadable`); a block
+        with nothing to offload adds nothing.
 
     Raises
     ------
     ValueError
-        When a region is not :func:`admissible`.
+        When a region is not :func:`admissible`, or a block is both a region that recomputes
+        something and offloaded.
     """
     given = list(regions)
     for r in given:
@@ -155,6 +239,23 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
                 "(batch norm) or holds other blocks"
             )
     regs = [r for r in given if set(r.nodes) - r.save]
+    off_blocks = sorted(set(offload))
+    both = sorted({r.path for r in regs} & set(off_blocks))
+    if both:
+        raise ValueError(
+            f"block {both[0]!r} cannot be both a checkpoint region and offloaded: a region's "
+            "saved tensors are the checkpoint's"
+        )
+    facts = graph.memo("checkpoint_class.offload", lambda: _offload_facts(graph))
+    offload_after: dict[int, list[str]] = {}
+    prefetch_before: dict[int, list[str]] = {}
+    first_read: dict[str, int] = {}
+    for path in off_blocks:
+        moved = facts.values.get(path, ())
+        for v in moved:
+            offload_after.setdefault(facts.offload_after[v], []).append(v)
+        if moved:
+            prefetch_before.setdefault(facts.prefetch_at[path], []).extend(moved)
     nodes = graph.nodes
     block = _bwd_block(graph)
     keep_of = {r.path: cached(graph, r) for r in regs}
@@ -174,6 +275,8 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
     for i, n in enumerate(nodes):
         for x in n.inputs:
             (last_fwd if n.phase == "forward" else last_bwd)[x] = i
+            if n.phase == "backward":
+                first_read.setdefault(x, i)
 
     args_of: dict[str, list[str]] = {}  # block path -> the values its forward is given
     for val in graph.values:
@@ -275,6 +378,9 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         return last_bwd.get(v, -1) > i
 
     for i, n in enumerate(nodes):
+        for v in sorted(prefetch_before.get(i, ()), key=lambda v: first_read[v]):
+            steps.append(Step(op="prefetch", id=v))
+            resident.add(v)
         if n.phase == "backward" and i in trigger:
             r = trigger[i]
             todo = plan_of[r.path]
@@ -304,6 +410,9 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region]) -> Plan:
         for v in [h for h, at in hold.items() if at == i and h in resident]:
             if not live_after(v, i, recomputed=rec):
                 free(v)
+        for v in offload_after.get(i, ()):
+            steps.append(Step(op="offload", id=v))
+            resident.discard(v)
     return Plan(steps=tuple(steps))
 
 
@@ -319,9 +428,24 @@ def regions_of(graph: Graph, plan: Plan) -> list[Region]:
     return out
 
 
+def offloads_of(graph: Graph, plan: Plan) -> list[str]:
+    """The blocks a plan offloads: those not recomputed (no region) that it moves any of the
+    :func:`offloadable` values of to host memory."""
+    moved = {s.id for s in plan.steps if s.op == "offload"}
+    if not moved:
+        return []
+    recomputing = {r.path for r in regions_of(graph, plan)}
+    return [
+        path
+        for path in blocks(graph)
+        if path not in recomputing and moved & set(offloadable(graph, path))
+    ]
+
+
 def project(graph: Graph, plan: Plan) -> Plan:
-    """The plan of the class closest to ``plan``: the checkpoint plan of its regions."""
-    return checkpoint_plan(graph, regions_of(graph, plan))
+    """The plan of the class closest to ``plan``: the checkpoint plan of its regions and of
+    the blocks it offloads from."""
+    return checkpoint_plan(graph, regions_of(graph, plan), offloads_of(graph, plan))
 
 
 def _normal(plan: Plan) -> list[tuple[str, frozenset[str]]]:
@@ -338,14 +462,19 @@ def _normal(plan: Plan) -> list[tuple[str, frozenset[str]]]:
 
 def why_not(graph: Graph, plan: Plan) -> str | None:
     """None when ``plan`` is in the class, else the first difference, for an error message."""
-    if any(s.op in ("offload", "prefetch") for s in plan.steps):
-        return "it offloads values (the checkpoint executor does not offload)"
     mine, theirs = _normal(plan), _normal(project(graph, plan))
     for (a, fa), (b, fb) in zip(mine, theirs, strict=False):
         if a != b:
             return (
                 f"it computes {a!r} where checkpoint regions compute {b!r} (a region is "
                 "recomputed whole at its first use in the backward pass)"
+            )
+        copies = sorted(x for x in fa ^ fb if not x.startswith("free:"))
+        if copies:
+            return (
+                f"after computing {a!r} it offloads or prefetches differently ({copies[:3]}): "
+                "the checkpoint executor offloads only whole blocks' saved tensors, each once "
+                "eager frees it in the forward, all prefetched as the block's backward begins"
             )
         if fa != fb:
             return (
@@ -363,213 +492,16 @@ def in_class(graph: Graph, plan: Plan) -> bool:
     return why_not(graph, plan) is None
 
 
-@dataclass(frozen=True)
-class Fit:
-    """A plan of the class and its simulation."""
-
-    plan: Plan
-    simulation: Simulation
-    regions: tuple[Region, ...]
-
-
-def _densities(graph: Graph, r: Region) -> dict[str, float]:
-    """Seconds of recomputation a node of region ``r`` saves per byte it holds when saved: its
-    time over the bytes of its outputs that the backward pass reads (the ones the policy
-    caches). Nodes whose outputs the backward does not read hold nothing when saved (``inf``)."""
-    bwd_reads = graph.memo("checkpoint_class.bwd_reads", lambda: frozenset(
-        x for n in graph.backward_nodes for x in n.inputs
-    ))  # fmt: skip
-    out: dict[str, float] = {}
-    for nid in r.nodes:
-        if nid in r.save:
-            continue
-        n = graph.node(nid)
-        held = sum(graph.value(o).size_bytes for o in n.outputs if o in bwd_reads)
-        out[nid] = math.inf if held == 0 else n.time_s / held
-    return out
-
-
-def fit(
-    graph: Graph,
-    budget_bytes: int,
-    *,
-    seeds: Iterable[Plan] = (),
-    host_bandwidth_bytes_per_s: float | None = None,
-    time_budget_s: float = 10.0,
-) -> Fit:
-    """The fastest plan of the class found within ``budget_bytes`` (or the smallest peak).
-
-    Candidates, each judged by the simulator:
-
-    1. the projections of ``seeds`` (other solvers' plans);
-    2. a greedy search over whole regions: starting from no region, add the block whose
-       region (every node recomputed that may be) lowers the simulated peak the most per
-       second of recomputation, until the plan fits;
-    3. selective regions: the nodes of every block ranked together by the recomputation time
-       their saving spares per byte it holds (:func:`_densities`; in a tie, the later block
-       first), and each plan saving a prefix of that ranking (a block none of whose values
-       the backward reads is recomputed gets no region). The longest prefix that fits is
-       found by bisection, then the few after it are tried, as peaks are not quite monotone
-       in the prefix: the greedy knapsack by value density (as in selective activation
-       checkpointing by op cost, Korthikanti et al. 2022), with the simulator as the judge.
-       Then, block by block from the last (whose activations are held the shortest), its
-       next densest node is saved too where the plan still fits and gets faster, until a
-       pass changes nothing.
-
-    Candidate 3 runs first: its bisection to the end (a simulation per halving), the rest
-    within ``time_budget_s``; candidate 2 then stops when the budget is spent, provided a plan
-    that fits is in hand (it always runs to a fit otherwise).
-    """
-    bw = host_bandwidth_bytes_per_s
-    started = time.monotonic()
-
-    def judge(regs: list[Region]) -> Fit:
-        p = checkpoint_plan(graph, regs)
-        return Fit(p, simulate(graph, p, host_bandwidth_bytes_per_s=bw), tuple(regs))
-
-    def better(a: Fit, b: Fit | None) -> bool:
-        if b is None:
-            return True
-        fa, fb = a.simulation.peak_bytes <= budget_bytes, b.simulation.peak_bytes <= budget_bytes
-        if fa != fb:
-            return fa
-        if fa:
-            return a.simulation.total_time_s < b.simulation.total_time_s
-        return a.simulation.peak_bytes < b.simulation.peak_bytes
-
-    best: Fit | None = None
-    for s in seeds:
-        cand = judge(regions_of(graph, s))
-        if better(cand, best):
-            best = cand
-    chosen: list[Region] = []
-    current = judge(chosen)
-    if best is None or better(current, best):
-        best = current
-    if current.simulation.peak_bytes <= budget_bytes:
-        return best  # eager fits: nothing is faster
-    options: Mapping[str, Region] = {
-        path: region(graph, path) for path in blocks(graph) if admissible(graph, path)
-    }
-    options = {p: r for p, r in options.items() if set(r.nodes) - r.save}
-    found = _selective(graph, budget_bytes, judge, better, options, started + time_budget_s)
-    if found is not None and better(found, best):
-        best = found
-    fits = best.simulation.peak_bytes <= budget_bytes
-    deadline = started + time_budget_s
-    while current.simulation.peak_bytes > budget_bytes and options:
-        if fits and time.monotonic() > deadline:
-            break  # a plan that fits is in hand; the greedy's next rounds are out of time
-        scored: list[tuple[float, str, Fit]] = []
-        for path, r in options.items():
-            if fits and scored and time.monotonic() > deadline:
-                break  # out of time: the round's best so far
-            cand = judge([*chosen, r])
-            gain = current.simulation.peak_bytes - cand.simulation.peak_bytes
-            cost = max(cand.simulation.total_time_s - current.simulation.total_time_s, 1e-12)
-            scored.append((gain / cost, path, cand))
-        score, path, cand = max(scored, key=lambda t: t[0])
-        if score <= 0:
-            # No single block lowers the peak: take the one that recomputes the most.
-            path, cand = min(
-                ((p, f) for _, p, f in scored), key=lambda t: t[1].simulation.peak_bytes
-            )
-        chosen.append(options.pop(path))
-        current = cand
-        if better(current, best):
-            best = current
-    return best
-
-
-def _selective(
-    graph: Graph,
-    budget_bytes: int,
-    judge: Callable[[list[Region]], Fit],
-    better: Callable[[Fit, Fit | None], bool],
-    options: Mapping[str, Region],
-    deadline: float,
-) -> Fit | None:
-    """Candidate 3 of :func:`fit`: save a prefix of every block's nodes ranked by density."""
-    dens = {path: _densities(graph, r) for path, r in options.items()}
-    paths = list(options)  # graph order (blocks() lists them by first forward node)
-    ranked = sorted(
-        (
-            (-d, -k, -graph.node(nid).time_s, path, nid)
-            for k, path in enumerate(paths)
-            for nid, d in dens[path].items()
-            if d != math.inf
-        ),
-    )  # densest first; in a tie, the later block first
-    order = [(path, nid) for *_, path, nid in ranked]
-    finite = {path: {nid for nid, d in dens[path].items() if d != math.inf} for path in paths}
-
-    def judge_saved(saved: Mapping[str, set[str]]) -> Fit:
-        regs = []
-        for path in paths:
-            if finite[path] and saved[path] >= finite[path]:
-                continue  # every value its backward reads is kept: no region
-            r = options[path]
-            regs.append(Region(r.path, r.nodes, frozenset(r.save | saved[path])))
-        return judge(regs)
-
-    def prefix_of(n: int) -> dict[str, set[str]]:
-        saved: dict[str, set[str]] = {path: set() for path in paths}
-        for path, nid in order[:n]:
-            saved[path].add(nid)
-        return saved
-
-    best_saved = prefix_of(0)
-    best = judge_saved(best_saved)
-    if best.simulation.peak_bytes > budget_bytes:
-        return best
-    lo, hi = 0, len(order)  # the longest prefix that fits, by bisection (peaks grow with it)
-    while lo < hi:  # a few dozen simulations at most: always run to the end
-        mid = (lo + hi + 1) // 2
-        saved = prefix_of(mid)
-        cand = judge_saved(saved)
-        if cand.simulation.peak_bytes <= budget_bytes:
-            lo = mid
-            if better(cand, best):
-                best, best_saved = cand, saved
-        else:
-            hi = mid - 1
-    # peaks are not quite monotone in the prefix: a few longer ones may still fit
-    for n in range(lo + 1, min(lo + 9, len(order) + 1)):
-        if time.monotonic() > deadline:
-            break
-        saved = prefix_of(n)
-        cand = judge_saved(saved)
-        if better(cand, best):
-            best, best_saved = cand, saved
-    # then block by block, from the last (its activations are held the shortest), its next
-    # densest node saved too while the plan still fits and gets faster
-    own = {path: [nid for path_, nid in order if path_ == path] for path in paths}
-    changed = True
-    while changed:
-        changed = False
-        for path in reversed(paths):
-            if time.monotonic() > deadline:
-                return best
-            rest = [nid for nid in own[path] if nid not in best_saved[path]]
-            if not rest:
-                continue
-            trial = {**best_saved, path: best_saved[path] | {rest[0]}}
-            cand = judge_saved(trial)
-            if better(cand, best):
-                best, best_saved, changed = cand, trial, True
-    return best
-
-
 __all__ = [
-    "Fit",
     "Region",
     "admissible",
     "blocks",
     "cached",
     "checkpoint_plan",
-    "fit",
     "forced_saves",
     "in_class",
+    "offloadable",
+    "offloads_of",
     "project",
     "region",
     "regions_of",

@@ -15,9 +15,9 @@ Model
   plan order on the device-to-host stream, prefetches on the host-to-device one, each taking its
   latency plus ``size_bytes`` over its direction's bandwidth; an offload cannot start before its
   value has been computed, a prefetch not before its offload has finished, nor before the
-  compute stream reaches it in plan order (its device buffer is allocated there). A link whose copies
-  do not overlap compute runs each copy on the compute stream instead (counted as stall). The
-  step's time is when every stream is done; each direction's busy time is reported.
+  compute stream reaches it in plan order (its device buffer is allocated there). A link whose
+  copies do not overlap compute runs each copy on the compute stream instead (counted as
+  stall). The step's time is when every stream is done; each direction's busy time is reported.
 * Host memory. An offload allocates its host copy when it starts; the host copy is released
   when the plan frees the value (a value freed on the device is dead). ``host_peak_bytes`` is
   the most held at once; the budget (``HostLink.host_memory_bytes``) is the judge's caller's to

@@ -84,8 +84,10 @@ def solve(
     checked. ``progress`` receives :class:`Progress` reports from solvers that make them. The
     default solver is :func:`default_solver` (``auto`` when it is registered). With
     ``executor="checkpoint"`` the plan is one that ``remat.apply(..., mode="checkpoint")`` runs
-    exactly (:mod:`remat.ir.checkpoint_class`, seeded with the solver's plan); a solver's
-    ``offload`` option then defaults to off, as that executor does not offload.
+    exactly (:mod:`remat.ir.checkpoint_class`, seeded with the solver's plan). That class
+    offloads whole blocks' saved tensors: its search does so where the graph's device profile
+    has a host link (or with ``offload=True``; ``offload=False`` turns it off), while the
+    solver that seeds it plans without offloading unless ``offload`` is given.
 
     ``executor`` defaults to ``"op"``, and to ``"checkpoint"`` on a graph sharded with FSDP2
     (:mod:`remat.ir.shard`), the only one that runs there: the op-level executor calls ATen ops
@@ -105,9 +107,19 @@ def solve(
             "FSDP2's module hooks gather only around module calls); use executor='checkpoint'"
         )
     si = info(solver or default_solver())
+    given = options.get("offload")
+    if executor == "checkpoint" and "offload" in options:
+        if given is not None and not isinstance(given, bool):
+            raise InvalidOptionError(
+                f"option 'offload' must be true, false or null, got {given!r}",
+                solver=si.name,
+                option="offload",
+            )
+        if "offload" not in si.options:  # the class search's own option
+            options = {k: v for k, v in options.items() if k != "offload"}
     checked = si.check_options(options)
     if executor == "checkpoint" and "offload" in checked and "offload" not in options:
-        # the checkpoint executor does not offload: by default, do not plan for it
+        # the seed's offloads are op-level: by default the class search offloads blocks instead
         checked = {**checked, "offload": False}
     problem = Problem.build(graph, budget, time_limit_s=time_limit_s, on_progress=progress)
     if fsdp:
@@ -119,6 +131,8 @@ def solve(
         result = si.solve(problem, checked)
     if executor == "checkpoint":
         from remat.solver.checkpoint import restrict
+        from remat.solver.offload import has_host_link
 
-        result = restrict(problem, result)
+        offload = has_host_link(graph) if given is None else given
+        result = restrict(problem, result, offload=offload)
     return result.with_graph(graph)

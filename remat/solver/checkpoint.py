@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 
 from remat.ir import Plan, SolveResult
-from remat.ir.checkpoint_class import fit
+from remat.ir.checkpoint_search import fit
 from remat.solver.problem import Problem
 
 
-def restrict(problem: Problem, result: SolveResult) -> SolveResult:
+def restrict(problem: Problem, result: SolveResult, *, offload: bool = False) -> SolveResult:
     """``result`` brought into the checkpoint class: the best of :func:`fit` seeded with its
-    plan, as a result of the same solver (``"<solver>+checkpoint"``), the simulator's figures.
+    plan, as a result of the same solver (``"<solver>+checkpoint"``), the simulator's figures;
+    with ``offload``, blocks offloaded to host memory are candidates too.
     """
     started = time.perf_counter() - (result.solve_time_s or 0.0)
     seeds: list[Plan] = [result.plan] if result.plan is not None else []
@@ -21,13 +22,15 @@ def restrict(problem: Problem, result: SolveResult) -> SolveResult:
     # without a limit
     limit = problem.time_limit_s
     budget_s = 10.0 if limit is None else max(problem.time_left_s(), min(limit, 10.0))
-    found = fit(problem.graph, problem.budget_bytes, seeds=seeds, time_budget_s=budget_s)
+    found = fit(
+        problem.graph, problem.budget_bytes, seeds=seeds, time_budget_s=budget_s, offload=offload
+    )
     paths = ", ".join(r.path for r in found.regions) or "none"
+    message = f"checkpoint regions: {paths}"
+    if found.offloaded:
+        message += f"; offloaded blocks: {', '.join(found.offloaded)}"
     return problem.result(
-        found.plan,
-        solver=f"{result.solver}+checkpoint",
-        started=started,
-        message=f"checkpoint regions: {paths}",
+        found.plan, solver=f"{result.solver}+checkpoint", started=started, message=message
     )
 
 

@@ -21,7 +21,7 @@ from torch import nn
 import remat
 from remat import solver as solvers
 from remat.executor import ExecutorError, ModuleLevelWarning, measure, module_plan, remove
-from remat.ir import checkpoint_class, eager_plan, resolve_budget, simulate
+from remat.ir import checkpoint_class, checkpoint_search, eager_plan, resolve_budget, simulate
 from remat.tracer import capture
 
 SEED = 99
@@ -117,7 +117,7 @@ def test_batch_norm_blocks_are_never_regions() -> None:
         p for p in checkpoint_class.blocks(graph) if not checkpoint_class.admissible(graph, p)
     ]
     assert bn_blocks
-    found = checkpoint_class.fit(graph, resolve_budget(graph, 0.5))
+    found = checkpoint_search.fit(graph, resolve_budget(graph, 0.5))
     assert not {r.path for r in found.regions} & set(bn_blocks)
     with pytest.raises(ValueError, match="side effects"):
         checkpoint_class.checkpoint_plan(graph, [checkpoint_class.region(graph, bn_blocks[0])])

@@ -11,6 +11,8 @@ import pytest
 import remat
 from remat.ir import Node, Value, eager_plan, resolve_budget, simulate, synthetic
 from remat.ir import checkpoint_class as cc
+from remat.ir.checkpoint_search import fit
+from remat.ir.cuts import block_key
 
 
 @pytest.mark.parametrize(
@@ -20,7 +22,7 @@ def test_eager_is_in_the_class_and_fit_keeps_to_budgets(graph: remat.Graph) -> N
     assert cc.in_class(graph, eager_plan(graph))
     for frac in (0.7, 0.5):
         budget = resolve_budget(graph, frac)
-        found = cc.fit(graph, budget)
+        found = fit(graph, budget)
         assert cc.in_class(graph, found.plan)
         assert found.regions, "tight budgets need regions"
         assert simulate(graph, found.plan).peak_bytes == found.simulation.peak_bytes
@@ -58,14 +60,14 @@ def test_blocks_with_side_effects_are_not_regions() -> None:
     graph = synthetic.unet()  # batch norm in every block
     bad = [p for p in cc.blocks(graph) if not cc.admissible(graph, p)]
     assert bad
-    assert not {r.path for r in cc.fit(graph, resolve_budget(graph, 0.5)).regions} & set(bad)
+    assert not {r.path for r in fit(graph, resolve_budget(graph, 0.5)).regions} & set(bad)
     with pytest.raises(ValueError, match="side effects"):
         cc.checkpoint_plan(graph, [cc.region(graph, bad[0])])
 
 
 def test_a_plan_outside_the_class_is_explained() -> None:
     graph = synthetic.transformer()
-    found = cc.fit(graph, resolve_budget(graph, 0.5))
+    found = fit(graph, resolve_budget(graph, 0.5))
     steps = list(found.plan.steps)
     # Move the first free later: the plan still runs, but not as checkpoint regions do.
     k = next(i for i, s in enumerate(steps) if s.op == "free")
@@ -141,7 +143,7 @@ def test_fit_saves_the_ops_that_cost_most_to_recompute_per_byte() -> None:
     eager = simulate(graph, eager_plan(graph))
     whole = cc.checkpoint_plan(graph, [cc.region(graph, f"layers.{i}") for i in range(4)])
     budget = (eager.peak_bytes + simulate(graph, whole).peak_bytes) // 2
-    found = cc.fit(graph, budget)
+    found = fit(graph, budget)
     assert cc.in_class(graph, found.plan)
     assert found.simulation.peak_bytes <= budget
     selective = [r for r in found.regions if r.save - cc.forced_saves(graph, r.path, r.nodes)]
@@ -149,5 +151,76 @@ def test_fit_saves_the_ops_that_cost_most_to_recompute_per_byte() -> None:
     same = cc.checkpoint_plan(graph, [cc.region(graph, r.path) for r in found.regions])
     assert found.simulation.total_time_s < simulate(graph, same).total_time_s
     # with no time for the search, its first candidates still stand
-    quick = cc.fit(graph, budget, time_budget_s=0.0)
+    quick = fit(graph, budget, time_budget_s=0.0)
     assert quick.simulation.peak_bytes <= budget
+
+
+# -- offloaded blocks ---------------------------------------------------------------------------
+
+
+def _fast_link(graph: remat.Graph) -> remat.Graph:
+    """``graph`` on a device whose host link moves anything at once (no latency)."""
+    assert graph.device is not None
+    link = remat.ir.HostLink(
+        device_to_host_bytes_per_s=1e18, host_to_device_bytes_per_s=1e18, latency_s=0.0
+    )
+    dev = graph.device.model_copy(update={"host_link": link, "host_bandwidth_bytes_per_s": 1e18})
+    return graph.model_copy(update={"device": dev})
+
+
+def test_offloaded_blocks_move_only_what_no_other_block_reads() -> None:
+    graph = synthetic.transformer(3)
+    block = {n.id: block_key(n.module) if n.module else "" for n in graph.nodes}
+    layers = [p for p in cc.blocks(graph) if p.startswith("layers.")]
+    for path in layers:
+        moved = cc.offloadable(graph, path)
+        assert moved, path
+        for v in moved:
+            assert graph.value(v).kind == "activation"
+            readers = graph.consumers_of(v)
+            assert {block[c.id] for c in readers if c.phase == "backward"} == {path}
+            assert {block[c.id] for c in readers if c.phase == "forward"} <= {path, ""}
+    plan = cc.checkpoint_plan(graph, [cc.region(graph, layers[2])], layers[:2])
+    assert cc.in_class(graph, plan) and cc.project(graph, plan) == plan
+    assert cc.offloads_of(graph, plan) == layers[:2]
+    offloads = [s.id for s in plan.steps if s.op == "offload"]
+    prefetches = [s.id for s in plan.steps if s.op == "prefetch"]
+    assert sorted(offloads) == sorted(prefetches)
+    assert sorted(offloads) == sorted(v for p in layers[:2] for v in cc.offloadable(graph, p))
+    # each block's prefetches come together, before the block's first backward node
+    first_bwd = min(i for i, n in enumerate(graph.nodes)
+                    if n.phase == "backward" and block[n.id] == layers[0])  # fmt: skip
+    computes = [s.id for s in plan.steps[: plan.steps.index(
+        remat.ir.Step(op="prefetch", id=prefetches[-1]))] if s.op == "compute"]  # fmt: skip
+    assert graph.nodes[first_bwd].id not in computes
+    sim = simulate(graph, plan)
+    assert sim.offload_bytes == sim.prefetch_bytes > 0
+    with pytest.raises(ValueError, match="both a checkpoint region and offloaded"):
+        cc.checkpoint_plan(graph, [cc.region(graph, layers[0])], [layers[0]])
+
+
+def test_an_op_level_offload_is_not_in_the_class() -> None:
+    graph = synthetic.transformer(3)
+    layers = [p for p in cc.blocks(graph) if p.startswith("layers.")]
+    plan = cc.checkpoint_plan(graph, [], layers[:1])
+    steps = [s for s in plan.steps if not (s.op in ("offload", "prefetch") and s.id == (
+        cc.offloadable(graph, layers[0])[0]))]  # fmt: skip
+    partial = remat.ir.Plan(steps=tuple(steps))  # one value of the block left on the device
+    why = cc.why_not(graph, partial)
+    assert why is not None and "offloads or prefetches differently" in why
+
+
+def test_fit_offloads_where_the_link_hides_the_copies() -> None:
+    """At full checkpointing's peak, with a link that moves anything at once, offloading the
+    blocks costs no recomputation: the search finds a plan faster than the recompute-only
+    class's, within the budget; without ``offload`` nothing is offloaded."""
+    graph = _fast_link(synthetic.transformer(4))
+    layers = [p for p in cc.blocks(graph) if p.startswith("layers.")]
+    full = simulate(graph, cc.checkpoint_plan(graph, [cc.region(graph, p) for p in layers]))
+    off = fit(graph, full.peak_bytes, offload=False, time_budget_s=2)
+    on = fit(graph, full.peak_bytes, offload=True, time_budget_s=2)
+    assert not off.offloaded and on.offloaded
+    assert cc.in_class(graph, on.plan)
+    assert set(on.offloaded) == set(cc.offloads_of(graph, on.plan))
+    assert on.simulation.peak_bytes <= full.peak_bytes
+    assert on.simulation.total_time_s < off.simulation.total_time_s

@@ -76,7 +76,8 @@ def test_a_value_prefetched_from_the_host_can_be_evicted_again() -> None:
     # fill the free room with values nothing can evict, the planner finds no room and
     # recomputes through the backward (here every such host run fails, and dtr fell back to
     # its +156% recompute-only plan). dtr's second host run makes them evictable at once
-    # (again to the host, without a transfer, while their copy is valid): +5.1%.
+    # (again to the host, without a transfer, while their copy is valid): +34.8% (its
+    # prefetches issued where room frees up stall the reads that follow them closely).
     g = random_layered_dag(20)
     b = frac_budget(g, 0.7)
     alone = solver.get("dtr")(g, b, offload=False)
@@ -86,7 +87,7 @@ def test_a_value_prefetched_from_the_host_can_be_evicted_again() -> None:
     steps = r.plan.steps
     assert any(s.op == "offload" for s in steps) and any(s.op == "prefetch" for s in steps)
     assert r.overhead is not None and alone.overhead is not None
-    assert r.overhead < 0.1 < 1.0 < alone.overhead
+    assert r.overhead < 0.5 < 1.0 < alone.overhead
 
 
 @pytest.mark.parametrize("heuristic", ["dtr", "next-use"])
