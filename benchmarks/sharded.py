@@ -13,6 +13,12 @@ with remat's tracker (:func:`remat.executor.measure_sharded.measure_sharded`); t
 the larger rank's peak beside the prediction of the per-rank graph
 (:func:`remat.ir.shard.shard_graph`).
 
+Where the profile has a host link (``planned``), remat's rows offload blocks too
+(:mod:`remat.executor.offload_blocks`), and its recompute-only rows stand beside them; on the CPU
+group (no link) one more row offloads at full checkpointing's peak (``offload=True``), its
+prediction the plan's with copies done at once, as this CPU's are. The bound of a row that may
+offload is :func:`remat.solver.offload.combined_bound`.
+
 ``planned``: Llama configurations of about 7B and 70B parameters (seq 4,096, batch 1, float32)
 traced on the meta device with the ``h100`` roofline (benchmarks/scale.py's cached graphs), at
 world sizes 8 and 64, every layer a unit: the same rows, predicted only. The collectives are
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import socket
 import sys
@@ -64,6 +71,7 @@ from remat.ir.shard import shard_graph
 from remat.ir.sharding import ShardingSpec
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
+from remat.solver.offload import combined_bound, has_host_link
 
 WORLD = 2
 FRACTIONS = (0.5, 0.3)
@@ -198,26 +206,46 @@ def _rows(
         return rows
     budgets: list[tuple[str, Any]] = [("remat at full's peak", fs.peak_bytes)]
     budgets += [(f"remat at {f:.0%}", f) for f in FRACTIONS]
-    for label, budget in budgets:
+    # remat offloads blocks where the profile has a host link: the recompute-only rows beside
+    # them; on the CPU group (no link) an offloading row at full's peak, measured like the rest
+    variants: list[tuple[str, dict[str, Any]]] = [("remat", {})]
+    if has_host_link(graph):
+        variants += [("remat, recompute only,", {"offload": False})]
+    for label, budget, name, opts in [
+        (lb.replace("remat", name), b, name, opts)
+        for lb, b in budgets
+        for name, opts in variants
+    ] + ([] if has_host_link(graph) else [
+        ("remat + offloaded blocks at full's peak", fs.peak_bytes, "offload", {"offload": True})
+    ]):  # fmt: skip
         t = time.perf_counter()
-        r = remat.solve(graph, budget, time_limit_s=time_limit_s)
+        r = remat.solve(graph, budget, time_limit_s=time_limit_s, **opts)
         bound_s = r.lower_bound_s
+        offloads = opts.get("offload", has_host_link(graph))
         if bound_s is None and r.budget_bytes is not None:
             # the checkpoint class claims no bound: the one proven over every op-level
-            # recompute-only schedule (a wider class) still bounds it from below
+            # recompute-only schedule (a wider class) still bounds it from below, and where
+            # it may offload, the bound over every schedule that also offloads
             limit = Deadline.after(time_limit_s)
-            bound_s = best_bound(graph, r.budget_bytes, deadline=limit).time_s
+            if offloads:
+                bound_s = combined_bound(
+                    graph, r.budget_bytes, upper_s=r.total_time_s, deadline=limit
+                )
+            else:
+                bound_s = best_bound(graph, r.budget_bytes, deadline=limit).time_s
         bound = None if bound_s is None else bound_s / base - 1
+        moved = checkpoint_class.offloads_of(graph, r.plan) if r.plan is not None else []
         rows.append(
             {"row": label, "plan": r.plan, "peak": r.peak_bytes, "overhead": r.overhead,
              "budget": r.budget_bytes, "fits": r.fits, "solve_s": time.perf_counter() - t,
-             "bound": bound, "solver": r.solver}
+             "bound": bound, "primary": name == "remat",
+             "solver": r.solver + (f", {len(moved)} blocks offloaded" if moved else "")}
         )  # fmt: skip
     if unsharded is None or graph.sharding is None:
         return rows
     world = graph.sharding.world_size
     step_s = sum(n.time_s for n in unsharded.nodes)  # what sac_milp's recomputation is over
-    for label, budget in [(r["row"], r["budget"]) for r in rows if "budget" in r]:
+    for label, budget in [(r["row"], r["budget"]) for r in rows if r.get("primary")]:
         t = time.perf_counter()
         sac = solve_sac(unsharded, graph, units, budget, world)
         row: dict[str, Any] = {
@@ -246,6 +274,11 @@ def measured(kind: str, time_limit_s: float) -> list[dict[str, Any]]:
     graph = remat.trace(model, inputs, loss_fn, cost="flops")
     rank = shard_graph(graph, ShardingSpec(world_size=WORLD, units=units))
     rows = _rows(rank, units, time_limit_s, unsharded=graph)
+    for r in rows:
+        if r["plan"] is not None and any(s.op == "offload" for s in r["plan"].steps):
+            # this CPU's copies finish at once (host and device memory are one): the peak the
+            # ranks will show is the plan's with a free link
+            r["peak"] = simulate(rank, r["plan"], host_bandwidth_bytes_per_s=math.inf).peak_bytes
     plans = {
         r["row"]: (r["plan"].model_dump_json() if r["plan"] is not None else "")
         for r in rows

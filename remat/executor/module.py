@@ -11,8 +11,12 @@ of their first run (``checkpoint`` preserves it), so dropout masks are the same.
 module writes into its input in place (``nn.Dropout(inplace=True)``) gets a copy of it, since
 the checkpoint holds the input to recompute from.
 
+A block the plan offloads instead of recomputing runs its own ``forward`` with its saved
+tensors moved to host memory and brought back as its backward begins
+(:mod:`remat.executor.offload_blocks`).
+
 Only plans of the checkpoint class run (:mod:`remat.ir.checkpoint_class`: what such regions
-do, written as a plan, so the simulator predicts this executor exactly;
+and offloaded blocks do, written as a plan, so the simulator predicts this executor exactly;
 ``remat.solve(..., executor="checkpoint")`` solves for it). Any other plan is refused with the
 difference, pointing to the op-level ``remat.apply(model, result)``, which runs every plan.
 :func:`module_plan` still describes how an arbitrary plan maps to module-level regions.

@@ -139,15 +139,22 @@ def cached(graph: Graph, r: Region) -> frozenset[str]:
     )
 
 
+def _holds_blocks(graph: Graph, path: str) -> bool:
+    def holders() -> frozenset[str]:
+        paths = list(blocks(graph))
+        return frozenset(p for p in paths if any(o.startswith(p + ".") for o in paths))
+
+    return path in graph.memo("checkpoint_class.holders", holders)
+
+
 def admissible(graph: Graph, path: str) -> bool:
     """Whether block ``path`` can be a region: no op with side effects (batch norm updates
     its running statistics in place; the checkpoint would run it again), and no other block
     inside its module (``bert`` holds ``bert.encoder.layer.0``: wrapping it would checkpoint
     those too)."""
-    all_blocks = blocks(graph)
-    if any(other.startswith(path + ".") for other in all_blocks):
+    if _holds_blocks(graph, path):
         return False
-    return all(graph.node(nid).recomputable for nid in all_blocks.get(path, ()))
+    return all(graph.node(nid).recomputable for nid in blocks(graph).get(path, ()))
 
 
 @dataclass(frozen=True)
@@ -228,8 +235,8 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[s
     Raises
     ------
     ValueError
-        When a region is not :func:`admissible`, or a block is both a region that recomputes
-        something and offloaded.
+        When a region is not :func:`admissible`, an offloaded block holds other blocks, or a
+        block is both a region that recomputes something and offloaded.
     """
     given = list(regions)
     for r in given:
@@ -240,6 +247,12 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[s
             )
     regs = [r for r in given if set(r.nodes) - r.save]
     off_blocks = sorted(set(offload))
+    for path in off_blocks:
+        if _holds_blocks(graph, path):
+            raise ValueError(
+                f"block {path!r} cannot be offloaded: it holds other blocks, whose saved "
+                "tensors its hooks would see too"
+            )
     both = sorted({r.path for r in regs} & set(off_blocks))
     if both:
         raise ValueError(
@@ -438,7 +451,9 @@ def offloads_of(graph: Graph, plan: Plan) -> list[str]:
     return [
         path
         for path in blocks(graph)
-        if path not in recomputing and moved & set(offloadable(graph, path))
+        if path not in recomputing
+        and not _holds_blocks(graph, path)
+        and moved & set(offloadable(graph, path))
     ]
 
 
