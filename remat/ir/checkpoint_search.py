@@ -89,7 +89,7 @@ def fit(
     Candidate 3 runs first: its bisection to the end (a simulation per halving), the rest
     within ``time_budget_s``; candidate 2 then stops when the budget is spent, provided a plan
     that fits is in hand (it always runs to a fit otherwise). With ``offload`` those get 60%
-    of ``time_budget_s``, and candidate 4, last, what is left (at least one improvement).
+    of ``time_budget_s``, and candidate 4, last, what is left, at least 40% of it.
     """
     bw = host_bandwidth_bytes_per_s
     started = time.monotonic()
@@ -152,7 +152,9 @@ def fit(
         if better(current, best):
             best = current
     if offload:
-        best = _offloading(graph, budget_bytes, judge, better, best, started + time_budget_s)
+        # what is left, and at least 40% of the time (the selective bisection may overrun)
+        until = max(started + time_budget_s, time.monotonic() + 0.4 * time_budget_s)
+        best = _offloading(graph, budget_bytes, judge, better, best, until)
     return best
 
 
@@ -170,12 +172,14 @@ def _offloading(
     the prefetches with the backward); it holds its saved tensors while their copies are in
     flight and from its backward's start. Starting from ``base``'s regions, a prefix of the
     blocks in forward order is offloaded (their regions dropped): the earliest blocks' copies
-    have the longest to finish, and their tensors come back last. The longest prefix that fits
-    is found by bisection (peaks grow with it, not quite monotonically, so the few after it
-    are tried too), for the blocks in order and for every other block first (copies of one
-    block overlapping the compute of the next); then, block by block in forward order, each
-    other block is offloaded too where the plan still fits and gets faster (POFO, Beaumont et
-    al. 2021, offloads a chain's stages the same way, by a DP; here the simulator judges).
+    have the longest to finish, and their tensors come back last. Every block first; where that
+    does not fit, the longest prefix that fits is found by bisection (peaks grow with it, not
+    quite monotonically, so the few after it are tried too), for the blocks in order and for
+    every other block first (copies of one block overlapping the compute of the next); then,
+    block by block in forward order, each block's choice is flipped (offloaded, or back to
+    ``base``'s) where the plan still fits and gets faster, until a pass changes nothing (POFO,
+    Beaumont et al. 2021, offloads a chain's stages the same way, by a DP; here the simulator
+    judges).
     """
     cands = [path for path in blocks(graph) if offloadable(graph, path) and admissible(graph, path)]
     if not cands:
@@ -189,8 +193,13 @@ def _offloading(
 
     orders = [cands, cands[::2] + cands[1::2]]
     best_off: list[str] = list(base.offloaded)
+    every = with_offloaded(cands)  # all of them first: where the link keeps up, the best
+    if better(every, best):
+        best, best_off = every, list(cands)
     for order in orders:
         lo, hi = 0, len(order)
+        if every.simulation.peak_bytes <= budget_bytes:
+            break  # no prefix is faster than all of them where the copies hide
         while lo < hi:
             mid = (lo + hi + 1) // 2
             cand = with_offloaded(order[:mid])
@@ -211,14 +220,15 @@ def _offloading(
     changed = True
     while changed:
         changed = False
-        for path in cands:
-            if path in best_off:
-                continue
+        # additions first (where the link has room, each spares a region's recomputation),
+        # then take-backs
+        for path in [p for p in cands if p not in best_off] + list(best_off):
             if time.monotonic() > deadline:
                 return best
-            cand = with_offloaded([*best_off, path])
+            trial = [p for p in best_off if p != path] if path in best_off else [*best_off, path]
+            cand = with_offloaded(trial)
             if better(cand, best):
-                best, best_off, changed = cand, [*best_off, path], True
+                best, best_off, changed = cand, trial, True
     return best
 
 
