@@ -36,8 +36,9 @@ of the same step (benchmarks/sac_torch.py), since ``SACEstimator`` will not run 
 policies, so its rows are predicted on the per-rank graph and measured on the CPU group like
 remat's; "own estimate" is ``sac_milp``'s own model of that plan's peak and overhead.
 
-Not run: ``FSDPMemTracker`` needs a CUDA device for its categories; it is left for a GPU
-machine.
+``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``), PyTorch's own tracker of a
+sharded step, runs on the CPU group too: each rank measures one more step with it, and its peak
+total stands beside the prediction (the error in brackets is the prediction's against it).
 
 Usage::
 
@@ -150,6 +151,7 @@ def _worker(
         x = (idx + rank) % 256  # each rank its own batch
         graph = Graph.from_json(graph_json)
         peaks: dict[str, int] = {}
+        theirs: dict[str, int] = {}
         for name, plan_json in plans.items():
             m = copy.deepcopy(model)
             if plan_json:
@@ -170,9 +172,26 @@ def _worker(
             opt.step()
             peaks[name] = measure_sharded(m, step, optimizer=opt, input_tensors=[x]).peak_bytes
             opt.step()
-        Path(out, f"rank{rank}.json").write_text(json.dumps(peaks))
+            theirs[name] = torch_tracker_peak(m, step, opt, x)
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"remat": peaks, "torch": theirs}))
     finally:
         dist.destroy_process_group()
+
+
+def torch_tracker_peak(model: Any, step: Any, opt: Any, x: Any) -> int:
+    """PyTorch's own measurement of one more step: ``FSDPMemTracker``'s peak total (it runs
+    on the CPU with gloo), the sharded gradients held through the step as remat's static
+    bytes count them (with gradients reset to None it leaves them out of a peak they reach
+    only at the reduce-scatters)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    opt.zero_grad(set_to_none=False)  # kept, zeroed: remat's static bytes count them all step
+    tracker = FSDPMemTracker(model, opt)
+    tracker.track_inputs((x,))
+    with tracker:
+        step()
+    snap = tracker.get_tracker_snapshot("peak")
+    return max(int(v["Total"]) for v in snap.values())
 
 
 def _free_port() -> int:
@@ -295,7 +314,8 @@ def measured(kind: str, time_limit_s: float) -> list[dict[str, Any]]:
         per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r in rows:
         if r["row"] in plans:
-            r["measured"] = max(p[r["row"]] for p in per_rank)
+            r["measured"] = max(p["remat"][r["row"]] for p in per_rank)
+            r["torch"] = max(p["torch"][r["row"]] for p in per_rank)
     return rows
 
 
@@ -310,10 +330,10 @@ def planned(name: str, world: int, time_limit_s: float, solve: bool) -> list[dic
 
 def _table(title: str, rows: list[dict[str, Any]]) -> str:
     head = (
-        "| row | budget | per-rank peak (predicted) | measured | error | overhead (predicted) "
-        "| bound | solver | own estimate |"
+        "| row | budget | per-rank peak (predicted) | measured | error | FSDPMemTracker "
+        "| overhead (predicted) | bound | solver | own estimate |"
     )
-    lines = [f"### {title}", "", head, "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"### {title}", "", head, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r.get("measured")
         err = "" if m is None or r["peak"] is None else f"{(r['peak'] - m) / m:+.2%}"
@@ -329,10 +349,14 @@ def _table(title: str, rows: list[dict[str, Any]]) -> str:
                 f"{format_bytes(r['own'][0])}, {r['own'][1]:+.1%}"
             )  # fmt: skip
         peak = "-" if r["peak"] is None else format_bytes(r["peak"])
+        t = r.get("torch")
+        torch_col = "" if t is None else format_bytes(t)
+        if t is not None and r["peak"] is not None:
+            torch_col += f" ({(r['peak'] - t) / t:+.2%})"
         overhead = "-" if r["overhead"] is None else f"{r['overhead']:+.1%}"
         lines.append(
             f"| {r['row']} | {budget} | {peak} "
-            f"| {'' if m is None else format_bytes(m)} | {err} | {overhead} "
+            f"| {'' if m is None else format_bytes(m)} | {err} | {torch_col} | {overhead} "
             f"| {'' if r.get('bound') is None else format(r['bound'], '+.1%')} "
             f"| {r.get('solver', '')} | {own} |"
         )
