@@ -389,19 +389,34 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
     the budget (:func:`remat.solver.offload.combine`), added to ``results``."""
     t0 = time.perf_counter()
     deadline = Deadline.after(time_s)
+    # hierarchical is skipped at budgets no larger than one where it found no plan (its class
+    # has a floor: rotor's smallest schedule of the chain), and once dtr's plans were faster
+    # at two budgets while its own never were: each call costs time (1.2 s on a random
+    # layered DAG of 759 nodes, where it lost at every budget and combine's search calls it a
+    # dozen times), which dtr's sub-second plans need
+    hierarchical_missed = [-1]
+    hierarchical_record = {"won": 0, "lost": 0}
 
     def plan_at(budget_bytes: int, dl: Deadline) -> Plan | None:
         found: list[SolveResult] = []
-        # dtr first on a small share (it takes under a second on 8,000 nodes), hierarchical
-        # with the rest: on short limits it falls back to rotor's plan, which on a 70B Llama
-        # step did not fit at all where 4 s gave +2.0%
+        # dtr first on a small share (it takes under a second on 8,000 nodes), with both
+        # scores (near the recompute-only floor next-use's plans recompute far less: a random
+        # layered DAG of 759 nodes, 30% plus a tenth of the link's reach: +33.6% against
+        # +77.7%), hierarchical with the rest: on short limits it falls back to rotor's plan,
+        # which on a 70B Llama step did not fit at all where 4 s gave +2.0%
         for name, opts, part in (
             ("dtr", {"offload": False}, 0.25),
+            ("dtr", {"offload": False, "heuristic": "next-use"}, 0.25),
             ("hierarchical", {"offload": False}, 1.0),
         ):
             left = dl.left_s()
             if left <= 0:
                 break
+            if name == "hierarchical" and (
+                budget_bytes <= hierarchical_missed[0]
+                or (hierarchical_record["lost"] >= 2 and not hierarchical_record["won"])
+            ):
+                continue
             # at another budget: its incumbents are not auto's, so they are not relayed
             sub = replace(
                 problem.with_budget(budget_bytes).with_time_limit(max(0.1, part * left)),
@@ -411,7 +426,13 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
                 found.append(info(name).run(sub, **opts))
             except SolverBugError as exc:
                 _log.error("auto: skipping solver %r, whose plan is invalid: %s", name, exc)
+                continue
         best = best_result(found)
+        if len(found) == 3:  # hierarchical ran, after both dtr scores
+            h = found[-1]
+            if not h.fits:
+                hierarchical_missed[0] = max(hierarchical_missed[0], budget_bytes)
+            hierarchical_record["won" if best is h else "lost"] += 1
         return best.plan if best is not None and best.fits else None
 
     for plan in combine(problem, plan_at, deadline=deadline):
