@@ -288,9 +288,8 @@ def combine(
     problem's budget with no added time. Then a finer search below the smallest extra that
     missed (:data:`REFINE_POINTS`, :data:`REFINE_STEPS`): a plan for more memory recomputes
     less, and the largest extra the post-pass can still take off is where the best plan of
-    this kind usually lies. Returns the
-    plans that reach the budget (the caller simulates them again in its results). Stops at
-    ``deadline``.
+    this kind usually lies. Returns the plans that reach the budget (the caller simulates
+    them again in its results). Stops at ``deadline``.
     """
     graph = problem.graph
     budget = problem.budget_bytes
