@@ -30,8 +30,10 @@
    within ``gap_tolerance`` of the eager time; on graphs of up to ``poet``'s default
    ``max_nodes`` (16) nodes, then ``poet`` (the exact MILP of recomputation and paging per
    value, Patil et al. 2022) with half the time left, so that on tiny graphs the answer is
-   the optimum over poet's class. On graphs where the MILP runs, it then has that much less
-   time.
+   the optimum over poet's class; last, the fastest offloading plans with their prefetches
+   issued earlier where the budget has room (:mod:`remat.solver.hoist`,
+   :data:`HOIST_SHARE` of the time). On graphs where the MILP runs, it then has that much
+   less time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -78,6 +80,7 @@ from remat.solver import known
 from remat.solver.base import SolverOptions, info, register
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
+from remat.solver.hoist import polish_prefetches
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
 from remat.solver.offload import combine, combined_bound, has_host_link, offload_pass
@@ -328,6 +331,8 @@ def solve_auto(
             # nodes): the combined answer is then the optimum over poet's class, whose plans
             # include Checkmate's; half the time left, the rest for the milp after it
             run("poet", max(0.1, 0.5 * problem.time_left_s()), offload=True)
+        if problem.time_left_s() > 0.1 and not _near_eager(results, base, gap_tolerance):
+            _hoist(problem, results, max(0.1, min(problem.time_left_s(), HOIST_SHARE * limit)))
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",
@@ -382,6 +387,38 @@ def _near_eager(results: list[SolveResult], base: float, gap_tolerance: float) -
     best = best_result(results)
     t = best.total_time_s if best is not None and best.fits else None
     return t is not None and t <= base * (1 + gap_tolerance)
+
+
+HOISTED = "+hoisted"
+"""The suffix ``auto`` gives plans whose prefetches :func:`_hoist` issued earlier."""
+
+HOIST_SHARE = 0.1
+"""With offloading, the share of the time limit for :func:`_hoist`."""
+
+HOIST_PLANS = 3
+"""How many of the fastest offloading plans :func:`_hoist` polishes."""
+
+
+def _hoist(problem: Problem, results: list[SolveResult], time_s: float) -> None:
+    """The fastest :data:`HOIST_PLANS` plans that offload and fit, with their prefetches issued
+    earlier where the budget has room (:func:`remat.solver.hoist.polish_prefetches`), added to
+    ``results`` when faster."""
+    t0 = time.perf_counter()
+    deadline = Deadline.after(time_s)
+    moving = [
+        r
+        for r in results
+        if r.fits and r.plan is not None and any(s.op == "prefetch" for s in r.plan.steps)
+    ]
+    for r in sorted(moving, key=speed_key)[:HOIST_PLANS]:
+        if deadline.expired():
+            break
+        assert r.plan is not None and r.figures is not None
+        plan, sim = polish_prefetches(
+            problem.graph, r.plan, budget_bytes=problem.budget_bytes, deadline=deadline
+        )
+        if plan is not r.plan and sim.total_time_s < r.figures.total_time_s:
+            results.append(problem.result(plan, solver=f"{r.solver}{HOISTED}", started=t0))
 
 
 COMBINED = "recompute+offload"
