@@ -244,11 +244,11 @@ spaced below the smallest that missed the budget (above the largest that reached
 any), largest first; a plan no faster than the fastest that reached the budget is not
 offloaded (the post-pass adds no time, so it cannot win). Then it bisects between the fastest
 one's extra and the miss above it (:data:`REFINE_STEPS`). Near the recompute-only floor the
-post-pass takes off far less than a fifth of the reach: on a random layered DAG of 759 nodes
-at 30% (A100 link) every share missed, and about 12% of the reach gave +31-36% over eager
-(DTR evicting to the host: +72.1%). What the post-pass takes off varies from one plan to the
-next (there, 10% of the reach reached the budget and 11% did not), so a bisection alone
-stalls where a grid does not."""
+post-pass takes off far less than a fifth of the reach: on a random layered DAG of 254 nodes
+at 40% (A100 link) every share missed with DTR's next-use plans, and the grid found +23.7%
+over eager (DTR evicting to the host: +29.7% and +48.1% with its two scores). What the
+post-pass takes off varies from one plan to the next, so a bisection alone stalls where a
+grid does not."""
 
 REFINE_STEPS = 3
 """Bisection steps of :func:`combine` after its grid (see :data:`REFINE_POINTS`)."""
