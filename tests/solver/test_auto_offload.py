@@ -11,9 +11,11 @@ from test_offload import _with_link
 
 import remat
 from remat import solver
-from remat.ir import HostLink, simulate, synthetic
-from remat.ir.result import SolveResult
+from remat.ir import HostLink, keep_plan, simulate, synthetic
+from remat.ir.result import SolveResult, best_result
 from remat.solver import Problem, base
+from remat.solver.auto import _plain_on_a_tie
+from remat.solver.offload import offload_pass
 
 FAST = HostLink(
     device_to_host_bytes_per_s=1e12, host_to_device_bytes_per_s=1e12, host_memory_bytes=64
@@ -76,3 +78,17 @@ def test_auto_is_within_a_tenth_of_its_bound_on_a_random_dag_at_30_percent() -> 
     r = solver.solve(g, 0.3, time_limit_s=30)
     assert r.fits and r.offload_bytes, r.message
     assert r.gap is not None and r.gap <= 0.10, (r.overhead, r.gap, r.message)
+
+
+def test_a_plan_that_moves_nothing_wins_a_tie() -> None:
+    g = synthetic.transformer(2)  # an A100 link
+    problem = Problem.build(g, 10**15)
+    moved, sim = offload_pass(g, problem.eager_plan)
+    assert sim.offload_bytes > 0 and sim.total_time_s == problem.eager.total_time_s
+    plain = problem.result(problem.eager_plan, solver="none", started=0.0)
+    copies = problem.result(moved, solver="copies", started=0.0)
+    # the offloading plan peaks lower at the same time: best_result takes it, auto does not
+    assert best_result([copies, plain]) is copies
+    assert _plain_on_a_tie([copies, plain]) is plain
+    slower = problem.result(keep_plan(g, []), solver="slower", started=0.0)
+    assert _plain_on_a_tie([copies, slower]) is copies
