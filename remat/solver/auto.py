@@ -304,9 +304,15 @@ def solve_auto(
                 break
             run("dtr", max(0.1, min(problem.time_left_s(), DTR_HOST_SHARE * limit)),
                 offload=True, combine=False, heuristic=heuristic)  # fmt: skip
-        # its share, or all the time left where no MILP runs after it
+        # its share, or all the time left where no MILP runs after it but the polish's
+        # (on dag1000 at 30% the combination took all of it, and the answer was +13.0% where
+        # the polished dtr plan is +1.6%)
         left = problem.time_left_s()
-        share = left if graph.num_nodes > MILP_LAST_NODES else min(left, OFFLOAD_SHARE * limit)
+        share = (
+            left - HOIST_SHARE * limit
+            if graph.num_nodes > MILP_LAST_NODES
+            else min(left, OFFLOAD_SHARE * limit)
+        )
         near = _near_eager(results, base, gap_tolerance)
         if not near:
             _combine(problem, results, max(0.1, share))
