@@ -22,6 +22,10 @@ solves without tracing again (``--no-cache`` traces anyway; ``--fractions=`` onl
 
 For each solver: nodes, status, overhead over eager, the bound ``auto`` proved (as overhead),
 the gap to it, solve seconds against the limit and the machine's 1-minute load average then.
+Where no plan fits (``infeasible``), ``smallest`` is the smallest peak of a plan found and
+``floor`` the proven lower bound on every plan's peak (``min_budget_bytes`` and
+``min_budget_lower_bytes``), both as the budget column is: static bytes plus that share of
+the eager activation peak; the bound column is then left empty (no plan to bound).
 
 Usage::
 
@@ -254,6 +258,14 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
+def share(graph: Graph, total_bytes: int | None, eager_dynamic_bytes: int) -> str:
+    """``total_bytes`` (static included) as the budget column writes budgets: the share of the
+    eager activation peak above the static bytes; "-" for None."""
+    if total_bytes is None or eager_dynamic_bytes <= 0:
+        return "-"
+    return f"{(total_bytes - graph.static_bytes) / eager_dynamic_bytes:.1%}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--graphs", default=",".join(GRAPHS))
@@ -277,6 +289,8 @@ def main() -> None:
         "gap",
         "solve_s",
         "load",
+        "smallest",
+        "floor",
     ]
     print(("| " if args.markdown else "") + sep.join(header) + (" |" if args.markdown else ""))
     if args.markdown:
@@ -297,6 +311,7 @@ def main() -> None:
             lb = best_bound(g, budget, deadline=Deadline.after(min(10.0, args.time_limit))).time_s
             for name in names:
                 bound: float | None = None
+                smallest = floor = "-"
                 if name.startswith("torch-"):
                     st, plan, secs = solve_torch(g, budget, name, Deadline.after(args.time_limit))
                     over = None if plan is None else simulate(g, plan).total_time_s / base - 1
@@ -308,13 +323,15 @@ def main() -> None:
                     over = r.overhead if r.status in ("optimal", "feasible") else None
                     if r.lower_bound_s is not None:
                         bound = r.lower_bound_s
+                    smallest = share(g, r.min_budget_bytes, eager.peak_dynamic_bytes)
+                    floor = share(g, r.min_budget_lower_bytes, eager.peak_dynamic_bytes)
                 if name == "auto":
                     # the recompute-only bound holds only for plans that do not offload; for
                     # one that does, the combined bound (solver.offload.combined_bound) does
                     if r.status in ("optimal", "feasible") and (r.offload_bytes or 0) > 0:
                         comb = combined_bound(g, budget, upper_s=r.total_time_s)
                         bound = max(bound or 0.0, comb)
-                    else:
+                    elif r.status in ("optimal", "feasible"):
                         bound = max(bound or 0.0, lb)
                 bnd = None if bound is None else bound / base - 1
                 gap = None
@@ -331,6 +348,8 @@ def main() -> None:
                     pct(gap),
                     f"{secs:.1f}",
                     f"{os.getloadavg()[0]:.1f}",  # the 1-minute load the solve ran under
+                    smallest,
+                    floor,
                 ]
                 print(
                     ("| " if args.markdown else "")

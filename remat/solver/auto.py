@@ -20,18 +20,20 @@
 5. With offloading (by default on a device whose profile has a host link with a host memory
    budget, as the datasheet profiles do; ``offload=False`` turns it off): the recompute-only
    methods run first with the shares they have without it; then, before the MILP, ``dtr``
-   evicting to the host inside its loop where the link hides the round trip (Capuchin-style,
-   Peng et al. 2020; :data:`DTR_HOST_SHARE` of the time), then :data:`OFFLOAD_SHARE` of the
-   time for recompute-only plans (``hierarchical``, ``dtr``) made for larger budgets and
-   offloaded down to this one where the link hides the copies
+   with its two scores evicting to the host inside its loop where the link hides the round
+   trip (Capuchin-style, Peng et al. 2020; :data:`DTR_HOST_SHARE` of the time each), then
+   :data:`OFFLOAD_SHARE` of the time for recompute-only plans (``hierarchical``, ``dtr``)
+   made for larger budgets and offloaded down to this one where the link hides the copies
    (:func:`remat.solver.offload.combine`; all the time left where no MILP follows), then
    ``hierarchical`` offloading whole blocks in its DP (a quarter of the time at most), then
    ``pofo`` with what is left, all skipped when a plan is already
    within ``gap_tolerance`` of the eager time; on graphs of up to ``poet``'s default
    ``max_nodes`` (16) nodes, then ``poet`` (the exact MILP of recomputation and paging per
    value, Patil et al. 2022) with half the time left, so that on tiny graphs the answer is
-   the optimum over poet's class. On graphs where the MILP runs, it then has that much less
-   time.
+   the optimum over poet's class; last, the fastest offloading plans with their prefetches
+   issued earlier where the budget has room (:mod:`remat.solver.hoist`,
+   :data:`HOIST_SHARE` of the time). On graphs where the MILP runs, it then has that much
+   less time.
 
 The result is the fastest plan within the budget among all of them, with the best lower bound
 known: the bound of step 2, the MILP's dual bound or the LP value (given only by models
@@ -78,6 +80,7 @@ from remat.solver import known
 from remat.solver.base import SolverOptions, info, register
 from remat.solver.bounds import best_bound
 from remat.solver.deadline import Deadline
+from remat.solver.hoist import polish_prefetches
 from remat.solver.milp import DEFAULT_TIME_LIMIT_S
 from remat.solver.minbudget import squeeze
 from remat.solver.offload import combine, combined_bound, has_host_link, offload_pass
@@ -106,8 +109,8 @@ to the budget), which runs after the recompute-only methods; on graphs above
 :data:`MILP_LAST_NODES` nodes, where no MILP follows, it has all the time left."""
 
 DTR_HOST_SHARE = 0.15
-"""With offloading, the share of the time limit for ``dtr`` evicting to the host inside its loop
-(Capuchin-style), which runs first among the offloading methods."""
+"""With offloading, the share of the time limit for each of ``dtr``'s two scores evicting to
+the host inside its loop (Capuchin-style), which run first among the offloading methods."""
 
 DTR_NEXT_USE = "dtr/next-use"
 """``auto``'s name for its second ``dtr`` run, scored by the distance to the next read."""
@@ -294,12 +297,22 @@ def solve_auto(
     stopped = stopped or close_enough()
     if offload and problem.time_left_s() > 0.1 and not _near_eager(results, base, gap_tolerance):
         # dtr evicting to the host inside its loop first (seconds on 8,000 nodes; its own
-        # combination is off: the one below is auto's)
-        run("dtr", max(0.1, min(problem.time_left_s(), DTR_HOST_SHARE * limit)),
-            offload=True, combine=False)  # fmt: skip
-        # its share, or all the time left where no MILP runs after it
+        # combination is off: the one below is auto's), with both scores: on a random
+        # layered DAG of 759 nodes at 30% the paper's gave +90.0% and next-use +25.1%
+        for heuristic in ("dtr", "next-use"):
+            if problem.time_left_s() <= 0.1 or _near_eager(results, base, gap_tolerance):
+                break
+            run("dtr", max(0.1, min(problem.time_left_s(), DTR_HOST_SHARE * limit)),
+                offload=True, combine=False, heuristic=heuristic)  # fmt: skip
+        # its share, or all the time left where no MILP runs after it but the polish's
+        # (on dag1000 at 30% the combination took all of it, and the answer was +13.0% where
+        # the polished dtr plan is +1.6%)
         left = problem.time_left_s()
-        share = left if graph.num_nodes > MILP_LAST_NODES else min(left, OFFLOAD_SHARE * limit)
+        share = (
+            left - HOIST_SHARE * limit
+            if graph.num_nodes > MILP_LAST_NODES
+            else min(left, OFFLOAD_SHARE * limit)
+        )
         near = _near_eager(results, base, gap_tolerance)
         if not near:
             _combine(problem, results, max(0.1, share))
@@ -324,6 +337,8 @@ def solve_auto(
             # nodes): the combined answer is then the optimum over poet's class, whose plans
             # include Checkmate's; half the time left, the rest for the milp after it
             run("poet", max(0.1, 0.5 * problem.time_left_s()), offload=True)
+        if problem.time_left_s() > 0.1 and not _near_eager(results, base, gap_tolerance):
+            _hoist(problem, results, max(0.1, min(problem.time_left_s(), HOIST_SHARE * limit)))
     if not stopped and graph.num_nodes <= MILP_LAST_NODES and problem.time_left_s() > 0.2:
         run(
             "milp",
@@ -340,7 +355,7 @@ def solve_auto(
         if offload
         else "; recompute only"
     )
-    best = best_result(results)
+    best = _plain_on_a_tie(results)
     assert best is not None
     if not best.fits:
         return _smallest_known(problem, results, t0, limit, tried + how, offload=offload)
@@ -372,12 +387,60 @@ def solve_auto(
     )
 
 
+def _plain_on_a_tie(results: list[SolveResult]) -> SolveResult | None:
+    """:func:`best_result`, except that a plan that moves nothing to the host wins over one that
+    does when it is as fast: the copies would buy nothing (on a U-Net of 298 nodes at 30%, a
+    recompute-only plan offloaded down from a larger budget tied with dtr's at +11.5% and won
+    on its smaller peak)."""
+    best = best_result(results)
+    if best is None or not best.fits or not best.offload_bytes:
+        return best
+    plain = [r for r in results if r.fits and not r.offload_bytes]
+    if not plain:
+        return best
+    fastest = min(plain, key=speed_key)
+    t, t_best = fastest.total_time_s, best.total_time_s
+    return fastest if t is not None and t_best is not None and t <= t_best * (1 + 1e-9) else best
+
+
 def _near_eager(results: list[SolveResult], base: float, gap_tolerance: float) -> bool:
     """The best plan is within ``gap_tolerance`` of the eager time, the bound every plan obeys,
     offloading or not: nothing is left for offloading to win."""
     best = best_result(results)
     t = best.total_time_s if best is not None and best.fits else None
     return t is not None and t <= base * (1 + gap_tolerance)
+
+
+HOISTED = "+hoisted"
+"""The suffix ``auto`` gives plans whose prefetches :func:`_hoist` issued earlier."""
+
+HOIST_SHARE = 0.1
+"""With offloading, the share of the time limit for :func:`_hoist`."""
+
+HOIST_PLANS = 3
+"""How many of the fastest offloading plans :func:`_hoist` polishes."""
+
+
+def _hoist(problem: Problem, results: list[SolveResult], time_s: float) -> None:
+    """The fastest :data:`HOIST_PLANS` plans that offload and fit, with their prefetches issued
+    earlier where the budget has room (:func:`remat.solver.hoist.polish_prefetches`), added to
+    ``results`` when faster."""
+    t0 = time.perf_counter()
+    deadline = Deadline.after(time_s)
+    moving = [
+        r
+        for r in results
+        if r.fits and r.plan is not None and any(s.op == "prefetch" for s in r.plan.steps)
+    ]
+    for r in sorted(moving, key=speed_key)[:HOIST_PLANS]:
+        if deadline.expired():
+            break
+        assert r.plan is not None and r.figures is not None
+        plan, sim = polish_prefetches(
+            problem.graph, r.plan, budget_bytes=problem.budget_bytes, deadline=deadline
+        )
+        if plan is not r.plan and sim.total_time_s < r.figures.total_time_s:
+            results.append(problem.result(plan, solver=f"{r.solver}{HOISTED}", started=t0))
 
 
 COMBINED = "recompute+offload"
@@ -389,19 +452,34 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
     the budget (:func:`remat.solver.offload.combine`), added to ``results``."""
     t0 = time.perf_counter()
     deadline = Deadline.after(time_s)
+    # hierarchical is skipped at budgets no larger than one where it found no plan (its class
+    # has a floor: rotor's smallest schedule of the chain), and once dtr's plans were faster
+    # at two budgets while its own never were: each call costs time (1.2 s on a random
+    # layered DAG of 759 nodes, where it lost at every budget and combine's search calls it a
+    # dozen times), which dtr's sub-second plans need
+    hierarchical_missed = [-1]
+    hierarchical_record = {"won": 0, "lost": 0}
 
     def plan_at(budget_bytes: int, dl: Deadline) -> Plan | None:
         found: list[SolveResult] = []
-        # dtr first on a small share (it takes under a second on 8,000 nodes), hierarchical
-        # with the rest: on short limits it falls back to rotor's plan, which on a 70B Llama
-        # step did not fit at all where 4 s gave +2.0%
+        # dtr first on a small share (it takes under a second on 8,000 nodes), with both
+        # scores (near the recompute-only floor next-use's plans recompute far less: a random
+        # layered DAG of 759 nodes, 30% plus a tenth of the link's reach: +33.6% against
+        # +77.7%), hierarchical with the rest: on short limits it falls back to rotor's plan,
+        # which on a 70B Llama step did not fit at all where 4 s gave +2.0%
         for name, opts, part in (
             ("dtr", {"offload": False}, 0.25),
+            ("dtr", {"offload": False, "heuristic": "next-use"}, 0.25),
             ("hierarchical", {"offload": False}, 1.0),
         ):
             left = dl.left_s()
             if left <= 0:
                 break
+            if name == "hierarchical" and (
+                budget_bytes <= hierarchical_missed[0]
+                or (hierarchical_record["lost"] >= 2 and not hierarchical_record["won"])
+            ):
+                continue
             # at another budget: its incumbents are not auto's, so they are not relayed
             sub = replace(
                 problem.with_budget(budget_bytes).with_time_limit(max(0.1, part * left)),
@@ -411,7 +489,13 @@ def _combine(problem: Problem, results: list[SolveResult], time_s: float) -> Non
                 found.append(info(name).run(sub, **opts))
             except SolverBugError as exc:
                 _log.error("auto: skipping solver %r, whose plan is invalid: %s", name, exc)
+                continue
         best = best_result(found)
+        if len(found) == 3:  # hierarchical ran, after both dtr scores
+            h = found[-1]
+            if not h.fits:
+                hierarchical_missed[0] = max(hierarchical_missed[0], budget_bytes)
+            hierarchical_record["won" if best is h else "lost"] += 1
         return best.plan if best is not None and best.fits else None
 
     for plan in combine(problem, plan_at, deadline=deadline):

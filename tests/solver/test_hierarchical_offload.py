@@ -93,8 +93,8 @@ def test_the_dp_offloads_blocks_where_the_link_is_idle() -> None:
     assert off_peak == 1464260612
     # with the combination: plans for larger budgets offloaded down to this one, faster still
     on_s, on_peak, on_host = judged(g, solve(0.5, True), b)
-    assert on_s < dp_s * 0.97  # +0.5%
-    assert (on_peak, on_host) == (1465571332, 754974720)
+    assert on_s < dp_s * 0.97  # +0.3% (+0.5% before combine searched below the reach's shares)
+    assert (on_peak, on_host) == (1465505796, 861929472)
 
 
 def test_reaches_a_budget_below_every_recompute_only_plan() -> None:

@@ -25,9 +25,12 @@ from remat.ir import (
     synthetic,
 )
 from remat.ir.devices import H100_SXM
-from remat.solver import Problem
+from remat.solver import Problem, offload
 from remat.solver.bounds import best_bound
+from remat.solver.deadline import Deadline
+from remat.solver.dtr import Thrashing, dtr_plan
 from remat.solver.offload import (
+    combine,
     combined_bound,
     host_room_at,
     link_reach_bytes,
@@ -291,3 +294,28 @@ def test_the_combined_bound_holds_for_a_plan_of_the_eager_time(layers: int) -> N
     assert combined_bound(g, s.peak_bytes, upper_s=s.total_time_s) <= s.total_time_s * (1 + 1e-9)
     first_bwd = next(i for i, n in enumerate(g.nodes) if n.phase == "backward")
     assert host_room_at(g, s.total_time_s)[first_bwd] > 0
+
+
+def test_combine_searches_below_the_shares_of_the_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a random layered DAG at 40%: DTR's plans for every share of the link's reach keep more
+    # than the post-pass can take off; a plan for a smaller extra reaches the budget
+    g = synthetic.random_layered_dag(100, seed=1)
+    problem = Problem.build(g, 0.4)
+
+    def dtr_at(budget_bytes: int, _: Deadline) -> Plan | None:
+        try:
+            return dtr_plan(g, budget_bytes - g.static_bytes, heuristic="next-use")[0]
+        except Thrashing:
+            return None
+
+    with monkeypatch.context() as m:
+        m.setattr(offload, "REFINE_POINTS", 0)
+        m.setattr(offload, "REFINE_STEPS", 0)
+        assert combine(problem, dtr_at, deadline=Deadline.after(60)) == []
+    plans = combine(problem, dtr_at, deadline=Deadline.after(60))
+    assert plans
+    for plan in plans:
+        sim = simulate(g, plan)
+        assert sim.peak_bytes <= problem.budget_bytes and sim.offload_bytes > 0
+        # the post-pass adds no time: its copies hide under the compute
+        assert sim.stall_time_s <= 1e-9 * sim.total_time_s
