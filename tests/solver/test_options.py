@@ -118,3 +118,15 @@ def test_a_model_that_disagrees_with_its_function_is_refused_at_registration() -
     with pytest.raises(ValueError, match="fields"):
         register("test-drift", kind="baseline", options=Opts)(other)
     assert "test-drift" not in solver.available()
+
+
+def test_the_checkpoint_class_takes_offload_whatever_the_seed_solver() -> None:
+    """``offload`` is the checkpoint class search's own option too: any seed solver accepts it
+    with ``executor="checkpoint"``, and a value that is not a boolean is refused by name."""
+    g = chain(4)
+    with pytest.raises(InvalidOptionError, match="'offload'"):
+        solver.solve(g, "70%", solver="checkpoint-all", executor="checkpoint", offload="yes")
+    r = solver.solve(g, "70%", solver="checkpoint-all", executor="checkpoint", offload=False)
+    assert r.plan is not None and not any(s.op == "offload" for s in r.plan.steps)
+    with pytest.raises(InvalidOptionError, match="'offload'"):
+        solver.solve(g, "70%", solver="checkpoint-all", offload=False)  # op level: its own rules
