@@ -74,12 +74,15 @@ def test_zoo_apply_is_exact(name: str, frac: float, mode: str) -> None:
         assert case.measured.peak_bytes <= budget
 
 
-OFFLOAD_MODELS = ["gpt2", "llama", "bert"]
+OFFLOAD_MODELS = {"gpt2": 0.4, "llama": 0.3, "bert": 0.3}
+"""Budgets (shares of the eager step) at which auto's answer offloads. GPT-2 at 30% has no plan
+that fits in the solve's 2 s since prefetches start where they are issued (the smallest found,
+dtr's, moves nothing); at 40% dtr's plan evicting to the host fits."""
 
 
 @pytest.mark.parametrize("name", OFFLOAD_MODELS)
 def test_zoo_offload_plans_are_exact(name: str) -> None:
-    # At 30% with a host link (emulated: this CPU's profile has none, host and device memory
+    # At 30-40% with a host link (emulated: this CPU's profile has none, host and device memory
     # being one), auto offloads by default; the op-level executor runs the plan with device
     # bytes as predicted, host bytes as planned, gradients bit-exact.
     import remat
@@ -100,7 +103,8 @@ def test_zoo_offload_plans_are_exact(name: str) -> None:
         host_link=link,
     )
     graph = cap.graph.model_copy(update={"device": device})
-    result = remat.solve(graph, resolve_budget(graph, 0.3), time_limit_s=SOLVE_TIME_LIMIT_S)
+    budget = resolve_budget(graph, OFFLOAD_MODELS[name])
+    result = remat.solve(graph, budget, time_limit_s=SOLVE_TIME_LIMIT_S)
     assert "offloading on" in result.message, result.message
     assert isinstance(result.plan, Plan)
     assert any(s.op == "offload" for s in result.plan.steps), result.message
