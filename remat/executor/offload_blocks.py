@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from remat.executor.hostmem import HostMemory, wait
 from remat.executor.op_match import OpMatcher
-from remat.ir import Graph
+from remat.ir import Graph, checkpoint_class
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class OffloadBlock:
     values: frozenset[str]
     """Value ids whose storages go to host memory when saved (``offloadable``)."""
     order: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
-    """Value id -> position of its first backward reader (the prefetch order)."""
+    """Value id -> its place in the prefetch order (``prefetch_order``)."""
 
 
 class _Moved:
@@ -209,19 +209,12 @@ def offloading(
 
 def offload_block(graph: Graph, path: str) -> OffloadBlock:
     """The :class:`OffloadBlock` of block ``path`` of ``graph``."""
-    from remat.ir import checkpoint_class
-
-    values = checkpoint_class.offloadable(graph, path)
-    first: dict[str, int] = {}
-    for i, n in enumerate(graph.nodes):
-        if n.phase == "backward":
-            for x in n.inputs:
-                first.setdefault(x, i)
+    order = checkpoint_class.prefetch_order(graph, path)
     return OffloadBlock(
         path,
         checkpoint_class.blocks(graph)[path],
-        frozenset(values),
-        {v: first.get(v, 0) for v in values},
+        frozenset(order),
+        {v: k for k, v in enumerate(order)},
     )
 
 

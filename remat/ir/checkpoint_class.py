@@ -167,6 +167,8 @@ class _OffloadFacts:
     """Value -> index of the node after which it is offloaded."""
     prefetch_at: Mapping[str, int]
     """Block -> index of the node its prefetches go before."""
+    prefetch_order: Mapping[str, tuple[str, ...]]
+    """Block -> its values in the order its backward first reads them."""
 
 
 def _offload_facts(graph: Graph) -> _OffloadFacts:
@@ -185,6 +187,11 @@ def _offload_facts(graph: Graph) -> _OffloadFacts:
         while i > 0 and nodes[i - 1].id.startswith("fsdp.all_gather.backward:"):
             i -= 1
         prefetch_at[path] = i
+    first_read: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.phase == "backward":
+            for x in n.inputs:
+                first_read.setdefault(x, i)
     values: dict[str, list[str]] = {}
     offload_after: dict[str, int] = {}
     for path, members in blocks(graph).items():
@@ -208,14 +215,28 @@ def _offload_facts(graph: Graph) -> _OffloadFacts:
                     continue
                 values.setdefault(path, []).append(o)
                 offload_after[o] = at
-    return _OffloadFacts({p: tuple(v) for p, v in values.items()}, offload_after, prefetch_at)
+    return _OffloadFacts(
+        {p: tuple(v) for p, v in values.items()},
+        offload_after,
+        prefetch_at,
+        {p: tuple(sorted(v, key=first_read.__getitem__)) for p, v in values.items()},
+    )
+
+
+def _facts(graph: Graph) -> _OffloadFacts:
+    return graph.memo("checkpoint_class.offload", lambda: _offload_facts(graph))
 
 
 def offloadable(graph: Graph, path: str) -> tuple[str, ...]:
     """The values block ``path`` moves to host memory when it is offloaded (see the module
     docstring), in the order they are made; empty when it has none."""
-    facts = graph.memo("checkpoint_class.offload", lambda: _offload_facts(graph))
-    return facts.values.get(path, ())
+    return _facts(graph).values.get(path, ())
+
+
+def prefetch_order(graph: Graph, path: str) -> tuple[str, ...]:
+    """:func:`offloadable`'s values of block ``path`` in the order its backward first reads
+    them: the order its prefetches are issued in."""
+    return _facts(graph).prefetch_order.get(path, ())
 
 
 def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[str] = ()) -> Plan:
@@ -259,16 +280,16 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[s
             f"block {both[0]!r} cannot be both a checkpoint region and offloaded: a region's "
             "saved tensors are the checkpoint's"
         )
-    facts = graph.memo("checkpoint_class.offload", lambda: _offload_facts(graph))
+    facts = _facts(graph)
     offload_after: dict[int, list[str]] = {}
     prefetch_before: dict[int, list[str]] = {}
-    first_read: dict[str, int] = {}
     for path in off_blocks:
-        moved = facts.values.get(path, ())
-        for v in moved:
+        for v in facts.values.get(path, ()):
             offload_after.setdefault(facts.offload_after[v], []).append(v)
-        if moved:
-            prefetch_before.setdefault(facts.prefetch_at[path], []).extend(moved)
+        if path in facts.prefetch_order:
+            prefetch_before.setdefault(facts.prefetch_at[path], []).extend(
+                facts.prefetch_order[path]
+            )
     nodes = graph.nodes
     block = _bwd_block(graph)
     keep_of = {r.path: cached(graph, r) for r in regs}
@@ -288,8 +309,6 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[s
     for i, n in enumerate(nodes):
         for x in n.inputs:
             (last_fwd if n.phase == "forward" else last_bwd)[x] = i
-            if n.phase == "backward":
-                first_read.setdefault(x, i)
 
     args_of: dict[str, list[str]] = {}  # block path -> the values its forward is given
     for val in graph.values:
@@ -391,7 +410,7 @@ def checkpoint_plan(graph: Graph, regions: Iterable[Region], offload: Iterable[s
         return last_bwd.get(v, -1) > i
 
     for i, n in enumerate(nodes):
-        for v in sorted(prefetch_before.get(i, ()), key=lambda v: first_read[v]):
+        for v in prefetch_before.get(i, ()):
             steps.append(Step(op="prefetch", id=v))
             resident.add(v)
         if n.phase == "backward" and i in trigger:
@@ -517,6 +536,7 @@ __all__ = [
     "in_class",
     "offloadable",
     "offloads_of",
+    "prefetch_order",
     "project",
     "region",
     "regions_of",

@@ -300,12 +300,11 @@ def simulate(
                 del state[sid]
                 cur -= size[sid]
             dur = latency + size[sid] / h2d_bw
+            # Not before the plan issues it: its device buffer is allocated here.
+            begin = max(t_c, t_h2d, host_ready[sid])
             if overlaps:
-                # Not before the plan issues it: its device buffer is allocated here.
-                begin = max(t_c, t_h2d, host_ready[sid])
                 t_h2d = begin + dur
             else:
-                begin = max(t_c, t_h2d, host_ready[sid])
                 t_h2d = t_c = begin + dur
                 stall += dur
             transfer += dur
