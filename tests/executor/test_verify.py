@@ -52,3 +52,35 @@ def test_verify_rejects_bad_arguments() -> None:
         remat.verify(model, inputs, loss_fn, plan, executor="fast")
     with pytest.raises(ExecutorError, match="no plan"):
         remat.verify(model, inputs, loss_fn, object())
+
+
+def test_verify_captures_the_step_as_a_gpu_target_traced_it() -> None:
+    """A plan made on ``trace(..., target="h100")`` computes the GPU's fused kernels (one
+    ``native_dropout``, not the CPU's ``bernoulli`` and ``div``): verify captures the step the
+    same way, instead of failing on a node its CPU capture does not have."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        attn_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def loss_fn(out: object) -> torch.Tensor:
+        return out.logits.float().pow(2).mean()  # type: ignore[attr-defined]
+
+    graph = remat.trace(model, (ids,), loss_fn, target="h100")
+    assert any(n.id.startswith("native_dropout") for n in graph.nodes)
+    report = remat.verify(model, (ids,), loss_fn, eager_plan(graph), repeats=0)
+    assert report.grads_bitwise_equal
+    assert report.predicted_static_bytes == report.measured_static_bytes
