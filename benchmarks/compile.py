@@ -179,6 +179,9 @@ def run_system(
         be = backend(budget_bytes, compiler=args.compiler, time_limit_s=args.time_limit)
         run = compiled_step(model, inputs, loss_fn, be, ref, time_repeats=args.repeats)
         plans = list(be.plans.values())
+        for p in plans:
+            if p.inductor_tries:
+                print(f"{'':14}graph {p.index}, inductor tried: {'; '.join(p.inductor_tries)}")
         base = sum(p.baseline_time_s for p in plans)
         pred_t = sum(p.predicted_time_s for p in plans)
         sim = max(p.simulated_peak_bytes for p in plans)

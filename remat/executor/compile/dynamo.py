@@ -27,21 +27,34 @@ compilation (the symbols' hints); the budget holds for those sizes, and a larger
 more memory. The backend warns when it plans a symbolic graph. ``remat.compile`` compiles with
 ``dynamic=False``, so every new shape is compiled and planned again.
 
+Inductor's schedule
+-------------------
+Inductor compiles the graphs the plan split in an order of its own: its pattern passes rewrite
+them, and it fuses kernels, so the peak of its code (replayed by
+:mod:`~remat.executor.compile.inductor_memory`) can exceed the plan's. Each graph is compiled
+up to :data:`INDUCTOR_TRIES` times, and the first whose code fits the budget is kept: with
+inductor's heuristics (the fastest code); with the plan's order pinned (:data:`PINNED_ORDER`,
+:class:`_PlanOrder`); then pinned, with the plan made again under the budget less what the
+last code needed over it. Where none fits, the try with the lowest peak is kept and the backend
+warns. :attr:`GraphPlan.inductor_tries` lists the tries with their peaks.
+
 ``remat.backend`` and ``remat.compile`` (:mod:`remat.torch_compile`) build this backend with a
 remat solver as its seed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
+from torch._inductor.choices import InductorChoices
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from remat.executor.compile.inductor_memory import CompiledMemory, capture_graphs, compiled_memory
@@ -73,6 +86,42 @@ when no saved set found fits, always (when it fits), or never."""
 
 class RematCompileWarning(UserWarning):
     """A compiled graph's plan holds under assumptions the user should know about."""
+
+
+INDUCTOR_TRIES = 4
+"""Compiles of one graph with inductor at most: its heuristics, the plan's order pinned, and
+twice pinned with the plan made again under a tightened budget."""
+
+PINNED_ORDER: dict[str, Any] = {"pattern_matcher": False}
+"""Inductor's config with the plan's order pinned. Its pattern passes rewrite the graphs they
+are given: ``mm`` then ``add`` becomes one ``addmm`` at the ``add``, so a weight's gradient
+product moves to the end of the backward and holds its input there (GPT-2's tied embedding:
+1 MiB of logits' gradient across the whole backward)."""
+
+
+class _PlanOrder(InductorChoices):
+    """Inductor's fusion heuristics, less horizontal fusion (of kernels that do not feed each
+    other): a fused kernel runs where its later part ran, so the earlier part's output is
+    allocated early and its inputs live late (GPT-2: the query's and the key's recomputed
+    projections, fused into one kernel, were held together where the plan holds one)."""
+
+    @staticmethod
+    def can_fuse_horizontal(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+        return False
+
+    def uuid(self) -> Any | None:
+        return None
+
+
+def _infeasible(exc: BaseException | None) -> InfeasibleBudgetError | None:
+    """The :class:`InfeasibleBudgetError` behind ``exc`` (torch wraps what backends raise)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, InfeasibleBudgetError):
+            return exc
+        exc = exc.__cause__ or getattr(exc, "inner_exception", None)
+        seen += 1
+    return None
 
 
 def _about(index: int, key: str, jir: JointIR, eager: Any, t0: float) -> dict[str, Any]:
@@ -127,6 +176,11 @@ class GraphPlan:
     compiled: CompiledMemory | None = None
     """With inductor: the figures of its generated code
     (:func:`~remat.executor.compile.inductor_memory.compiled_memory`)."""
+    planned_bytes: int = 0
+    """The budget the plan was made under: :attr:`budget_bytes`, less what inductor's code
+    needed over it on an earlier try (0: the budget)."""
+    inductor_tries: tuple[str, ...] = ()
+    """With inductor: each compile tried and the peak of its code (module docstring)."""
 
     @property
     def predicted_overhead(self) -> float:
@@ -218,34 +272,18 @@ class RematBackend:
         self.exact_random = exact_random
         self.plans: dict[str, GraphPlan] = {}
         self._count = 0
+        self._tightened: dict[str, int] = {}
+        """Bytes taken off a graph's budget for the next inductor try (``_compile_inductor``)."""
+        self._memo: dict[tuple[Any, ...], tuple[Plan | None, Partition, Partition]] = {}
+        """Plans made during one ``_compile_inductor``, by graph and budget: a try with the
+        order pinned compiles the same plan without solving again."""
         self._last_key: str | None = None
 
     # -- the dynamo backend -----------------------------------------------------------------
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         if self.compiler == "inductor":
-            from torch._inductor import config as inductor_config
-            from torch._inductor.compile_fx import compile_fx
-
-            # No compile caches: the partition depends on the budget left by earlier graphs.
-            patch: dict[str, Any] = {
-                "custom_partitioner_fn": _Partitioner(self),
-                "fx_graph_cache": False,
-            }
-            if self.exact_random:
-                patch["fallback_random"] = True
-            self._last_key = None
-            with (
-                capture_graphs() as graphs,
-                inductor_config.patch(patch),
-                torch._functorch.config.patch(
-                    force_non_lazy_backward_lowering=True, enable_autograd_cache=False
-                ),
-            ):
-                compiled = compile_fx(gm, example_inputs)
-            if self._last_key is not None:
-                self._attach_compiled(self._last_key, graphs)
-            return compiled
+            return self._compile_inductor(gm, example_inputs)
         from torch._dynamo.backends.common import aot_autograd
         from torch._dynamo.backends.debugging import boxed_nop
 
@@ -260,6 +298,93 @@ class RematBackend:
             keep_inference_input_mutations=True,
         )
         return compiled(gm, example_inputs)
+
+    def _compile_inductor(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        """Inductor, tried until its generated code fits the budget (module docstring,
+        "Inductor's schedule"): its own heuristics first; then the plan's order pinned; then,
+        pinned, the plan made again under the budget less what the code needed over it."""
+        from torch._inductor.compile_fx import compile_fx
+
+        self._memo.clear()
+        tries: list[tuple[Any, GraphPlan]] = []
+        notes: list[str] = []
+        key: str | None = None
+        for attempt in range(INDUCTOR_TRIES):
+            pinned = attempt > 0
+            self._last_key = None
+            try:
+                with (
+                    capture_graphs() as graphs,
+                    self._inductor_patches(pinned=pinned),
+                ):
+                    compiled = compile_fx(gm, example_inputs)
+            except Exception as exc:
+                # A budget tightened past what any plan fits: keep the tries made so far.
+                if not tries or _infeasible(exc) is None:
+                    raise
+                planned = self.plans[key].budget_bytes - self._tightened.get(key, 0) if key else 0
+                notes.append(f"planned under {format_bytes(planned)}: no plan fits")
+                break
+            key = self._last_key
+            if key is None:
+                return compiled  # no joint graph (an inference graph): nothing planned
+            mem = self._attach_compiled(key, graphs)
+            plan = self.plans[key]
+            tries.append((compiled, plan))
+            how = "inductor's heuristics" if not pinned else "the plan's order pinned"
+            if plan.planned_bytes != plan.budget_bytes:
+                how += f", planned under {format_bytes(plan.planned_bytes)}"
+            notes.append(f"{how}: {format_bytes(plan.predicted_peak_bytes)}")
+            if mem is None or mem.peak_bytes <= plan.budget_bytes:
+                break
+            if pinned:
+                # Plan again for what the compiled code needs beyond the FX graphs' figures.
+                self._tightened[key] = self._tightened.get(key, 0) + (
+                    mem.peak_bytes - plan.budget_bytes
+                )
+        assert key is not None and tries
+        compiled, plan = min(
+            tries, key=lambda t: (not t[1].fits, 0 if t[1].fits else t[1].predicted_peak_bytes)
+        )
+        self._tightened.pop(key, None)
+        plan = dataclasses.replace(plan, inductor_tries=tuple(notes))
+        self.plans[key] = plan
+        if not plan.fits and plan.compiled is not None:
+            warnings.warn(
+                f"remat: graph {plan.index}'s compiled code needs "
+                f"{format_bytes(plan.predicted_peak_bytes)}, over its budget of "
+                f"{format_bytes(plan.budget_bytes)} (the plan fit on the FX graphs: "
+                f"{format_bytes(plan.simulated_peak_bytes)}; inductor tried: "
+                f"{'; '.join(notes)})",
+                RematCompileWarning,
+                stacklevel=3,
+            )
+        return compiled
+
+    @contextlib.contextmanager
+    def _inductor_patches(self, *, pinned: bool) -> Iterator[None]:
+        from torch._inductor import config as inductor_config
+        from torch._inductor.virtualized import V
+
+        # No compile caches: the partition depends on the budget left by earlier graphs.
+        patch: dict[str, Any] = {
+            "custom_partitioner_fn": _Partitioner(self),
+            "fx_graph_cache": False,
+        }
+        if self.exact_random:
+            patch["fallback_random"] = True
+        if pinned:
+            patch.update(PINNED_ORDER)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(inductor_config.patch(patch))
+            stack.enter_context(
+                torch._functorch.config.patch(
+                    force_non_lazy_backward_lowering=True, enable_autograd_cache=False
+                )
+            )
+            if pinned:
+                stack.enter_context(V.set_choices_handler(_PlanOrder()))
+            yield
 
     # -- the partition function -------------------------------------------------------------
 
@@ -300,28 +425,20 @@ class RematBackend:
         model = PartitionModel(graph, rng_state_bytes=RNG_STATE_BYTES)
         eager = simulate(graph, eager_plan(graph))
         budget_bytes = self._graph_budget(key, graph.static_bytes, eager.peak_dynamic_bytes)
-        seeds: list[set[str]] = []
-        seed_plan: Plan | None = None
-        full = model.partition(model.read_by_backward)
-        if (full.peak_bytes > budget_bytes or self.op_level == "prefer") and self.seed is not None:
-            # The solver does not see the generator states that rerun random ops save: it
-            # plans under the budget less one state per random op.
-            reserve = RNG_STATE_BYTES * sum(graph.node(n).rng for n in model.forward)
-            try:
-                seed_plan = self.seed(graph, budget_bytes - reserve, self.time_limit_s / 4)
-            except InfeasibleBudgetError:
-                seed_plan = None
-            if seed_plan is not None:
-                seeds.append(model.saved_from_plan(seed_plan))
-        left = max(self.time_limit_s - (time.perf_counter() - t0), 1.0)
-        best, lowest = search_partition(model, budget_bytes, seeds=seeds, time_limit_s=left)
+        planned = budget_bytes - self._tightened.get(key, 0)
+        memo_key = (key, planned, tuple((n.name, str(n.target)) for n in joint.graph.nodes))
+        if memo_key in self._memo:
+            seed_plan, best, lowest = self._memo[memo_key]
+        else:
+            seed_plan, best, lowest = self._solve(model, graph, planned, t0)
+            self._memo[memo_key] = (seed_plan, best, lowest)
         below = ""
         if seed_plan is not None and (
             self.op_level == "prefer"
-            or (self.op_level == "below-class" and best.peak_bytes > budget_bytes)
+            or (self.op_level == "below-class" and best.peak_bytes > planned)
         ):
             got = self._op_level_plan(
-                key, index, jir, model, seed_plan, budget_bytes, eager, num_fwd_outputs, t0
+                key, index, jir, model, seed_plan, budget_bytes, planned, eager, num_fwd_outputs, t0
             )
             if isinstance(got, GraphPlan):
                 return got.split.forward, got.split.backward
@@ -338,10 +455,11 @@ class RematBackend:
         rng_bytes = RNG_STATE_BYTES * len(split.rng_replayed)
         predicted = sim.peak_bytes + rng_bytes
         saved_bytes = sum(model.size[v] for v in best.saved) + rng_bytes
-        fits = predicted <= budget_bytes
+        fits = predicted <= planned
         self.plans[key] = GraphPlan(
             **_about(index, key, jir, eager, t0),
             budget_bytes=budget_bytes,
+            planned_bytes=planned,
             predicted_peak_bytes=predicted,
             simulated_peak_bytes=predicted,
             predicted_time_s=sim.total_time_s,
@@ -361,20 +479,47 @@ class RematBackend:
                 "held by the graphs compiled before it: their parameters, gradients and saved "
                 "activations)"
             )
+            if planned != budget_bytes:
+                held += (
+                    f" (less {format_bytes(budget_bytes - planned)} that inductor's code needed "
+                    "over the plan before)"
+                )
             floor = model.floor_bytes()
             proven = (
                 "so none fits (proven)"
-                if floor > budget_bytes
+                if floor > planned
                 else "so a partition between the two may exist that the search did not find"
             )
             raise InfeasibleBudgetError(
                 f"remat: graph {index} ({graph.num_nodes} nodes): the lowest partition found in "
                 f"the partitioner's class needs {format_bytes(lowest.peak_bytes)}, over its "
-                f"budget of {format_bytes(budget_bytes)}{held}; no partition of the class needs "
+                f"budget of {format_bytes(planned)}{held}; no partition of the class needs "
                 f"less than {format_bytes(floor)}, {proven}{below}",
                 min_budget_bytes=lowest.peak_bytes,
             )
         return split.forward, split.backward
+
+    def _solve(
+        self, model: PartitionModel, graph: Graph, budget_bytes: int, t0: float
+    ) -> tuple[Plan | None, Partition, Partition]:
+        """The seed solver's plan (where the whole saved set does not fit, or always with
+        ``op_level="prefer"``), and the best and the lowest partition of the class found."""
+        seeds: list[set[str]] = []
+        seed_plan: Plan | None = None
+        full = model.partition(model.read_by_backward)
+        if (full.peak_bytes > budget_bytes or self.op_level == "prefer") and self.seed is not None:
+            # The solver does not see the generator states that rerun random ops save: it
+            # plans under the budget less one state per random op.
+            reserve = RNG_STATE_BYTES * sum(graph.node(n).rng for n in model.forward)
+            try:
+                seed_plan = self.seed(graph, budget_bytes - reserve, self.time_limit_s / 4)
+            except InfeasibleBudgetError:
+                seed_plan = None
+            if seed_plan is not None:
+                seeds.append(model.saved_from_plan(seed_plan))
+        left = max(self.time_limit_s - (time.perf_counter() - t0), 1.0)
+        best, lowest = search_partition(model, budget_bytes, seeds=seeds, time_limit_s=left)
+        return seed_plan, best, lowest
 
     def _op_level_plan(
         self,
@@ -384,6 +529,7 @@ class RematBackend:
         model: PartitionModel,
         plan: Plan,
         budget_bytes: int,
+        planned: int,
         eager: Any,
         num_fwd_outputs: int,
         t0: float,
@@ -394,7 +540,7 @@ class RematBackend:
         try:
             orders = plan_orders(jir, plan)
             figures = emitted_figures(model, orders, rng_state_bytes=RNG_STATE_BYTES)
-            if figures.peak_bytes > budget_bytes:
+            if figures.peak_bytes > planned:
                 return (
                     f"; the {self.solver} plan below the class needs "
                     f"{format_bytes(figures.peak_bytes)}"
@@ -408,6 +554,7 @@ class RematBackend:
         self.plans[key] = GraphPlan(
             **_about(index, key, jir, eager, t0),
             budget_bytes=budget_bytes,
+            planned_bytes=planned,
             predicted_peak_bytes=figures.peak_bytes,
             simulated_peak_bytes=figures.peak_bytes,
             predicted_time_s=sim.total_time_s,
@@ -422,12 +569,12 @@ class RematBackend:
         )
         return self.plans[key]
 
-    def _attach_compiled(self, key: str, graphs: Sequence[Any]) -> None:
+    def _attach_compiled(self, key: str, graphs: Sequence[Any]) -> CompiledMemory | None:
         """The graph's figures from inductor's generated code (its forward and backward)."""
         plan = self.plans[key]
         mem = compiled_memory(plan.ir, graphs, num_fwd_outputs=len(plan.ir.fw_outputs))
         if mem is None:
-            return
+            return None
         self.plans[key] = dataclasses.replace(
             plan,
             predicted_peak_bytes=mem.peak_bytes,
@@ -435,15 +582,7 @@ class RematBackend:
             fits=mem.peak_bytes <= plan.budget_bytes,
             compiled=mem,
         )
-        if mem.peak_bytes > plan.budget_bytes:
-            warnings.warn(
-                f"remat: graph {plan.index}'s compiled code needs "
-                f"{format_bytes(mem.peak_bytes)}, over its budget of "
-                f"{format_bytes(plan.budget_bytes)} (the plan fit on the FX graphs: "
-                f"{format_bytes(plan.simulated_peak_bytes)})",
-                RematCompileWarning,
-                stacklevel=3,
-            )
+        return mem
 
     def _graph_budget(self, key: str, static_bytes: int, eager_dynamic_bytes: int) -> int:
         if isinstance(self.budget, float):
@@ -475,6 +614,8 @@ class RematBackend:
         """Forget the graphs planned so far (after ``torch._dynamo.reset()``)."""
         self.plans.clear()
         self._count = 0
+        self._tightened.clear()
+        self._memo.clear()
 
 
 def _graph_key() -> str:
