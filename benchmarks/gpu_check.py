@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import remat
@@ -57,17 +56,8 @@ def check(name: str, case: Callable[[], dict[str, Any]]) -> None:
     (OUT / "gpu.json").write_text(json.dumps(results, indent=1, default=str))
 
 
-class _LM(nn.Module):
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.lm(input_ids=ids).logits
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
-
-
 def gpt2() -> tuple[nn.Module, tuple[torch.Tensor], None]:
+    from compile import _CausalLM
     from transformers import GPT2Config, GPT2LMHeadModel
 
     layers, embd, vocab, batch, seq = (2, 64, 512, 2, 32) if SMALL else (4, 256, 8192, 8, 256)
@@ -76,7 +66,7 @@ def gpt2() -> tuple[nn.Module, tuple[torch.Tensor], None]:
         vocab_size=vocab, n_positions=seq, n_embd=embd, n_layer=layers, n_head=4,
         use_cache=False, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
-    model = _LM(GPT2LMHeadModel(cfg).train()).to(DEVICE)
+    model = _CausalLM(GPT2LMHeadModel(cfg).train()).to(DEVICE)
     gen = torch.Generator().manual_seed(0)
     return model, (torch.randint(0, vocab, (batch, seq), generator=gen).to(DEVICE),), None
 
