@@ -49,6 +49,7 @@ from remat.executor.codegen import CodeGen, ident
 from remat.executor.hostmem import HostMemory
 from remat.executor.opexec import (
     ExecutorError,
+    capture_for,
     forward_cut,
     plan_to_run,
     simulate_traced,
@@ -307,18 +308,16 @@ def _planned(
     step = applied.steps.get(sig)
     if step is not None:
         return step
-    from remat.tracer import capture
-
     inputs = example(args, kwargs)
     if applied.first is None and applied.result is not None:
+        plan = plan_to_run(applied.result)
         cap = applied.capture
         applied.capture = None
         if cap is None:
             cap = _capturing(
-                applied, capture, model, inputs, applied.loss_fn,
+                applied, capture_for, model, inputs, applied.loss_fn, plan=plan,
                 return_outputs=applied.return_outputs,
             )  # fmt: skip
-        plan = plan_to_run(applied.result)
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
         step = _compile(cap, plan, device)

@@ -42,7 +42,7 @@ from torch.utils.checkpoint import (
 from remat.executor.hostmem import HostMemory
 from remat.executor.offload_blocks import OffloadBlock, offload_block, offloading
 from remat.executor.op_match import OpMatcher
-from remat.executor.opexec import ExecutorError, plan_to_run
+from remat.executor.opexec import ExecutorError, capture_for, plan_to_run
 from remat.ir import Graph, InvalidPlanError, Plan, SolveResult, simulate
 from remat.ir.cuts import block_key
 
@@ -411,9 +411,7 @@ def apply_checkpoint(
                 "remat.apply needs the traced graph the plan was solved on: pass graph= "
                 "(remat.trace(model, inputs, loss_fn)) or example_inputs= and loss_fn="
             )
-        from remat.tracer import capture
-
-        graph = capture(model, example_inputs, loss_fn).graph
+        graph = capture_for(model, example_inputs, loss_fn, plan=plan).graph
     if getattr(model, "_remat_applied", None) is not None:
         remove(model)
     mplan = regions_plan(graph, checked_plan(graph, plan))

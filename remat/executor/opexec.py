@@ -57,6 +57,23 @@ def plan_to_run(result: SolveResult | Plan) -> Plan:
     return result.plan
 
 
+def capture_for(
+    model: nn.Module, example_inputs: Any, loss_fn: Any, *, plan: Plan, **kwargs: Any
+) -> Any:
+    """The step captured as the plan's graph was (``remat.tracer.capture``; ``kwargs`` go to
+    it): with the CPU's decompositions, as ``remat.trace`` does by default, or, where the plan
+    computes nodes that capture lacks, as a GPU target does (``remat.trace(...,
+    target="h100")``: the GPU's fused dropout and attention kernels)."""
+    from remat.tracer import capture
+
+    computed = {s.id for s in plan.steps if s.op == "compute"}
+    got = capture(model, example_inputs, loss_fn, **kwargs)
+    if computed <= {n.id for n in got.graph.nodes}:
+        return got
+    gpu = capture(model, example_inputs, loss_fn, target="cuda", **kwargs)
+    return gpu if computed <= {n.id for n in gpu.graph.nodes} else got
+
+
 def simulate_traced(graph: Graph, plan: Plan) -> Simulation:
     """The simulation of ``plan`` on a model's traced ``graph`` (any host bandwidth: the
     executor's order is the plan's); an :class:`ExecutorError` when the plan is not one for
@@ -192,9 +209,7 @@ def compile_step(
     """
     plan = plan_to_run(result)
     if capture is None:
-        from remat.tracer import capture as capture_fn
-
-        capture = capture_fn(model, example_inputs, loss_fn)
+        capture = capture_for(model, example_inputs, loss_fn, plan=plan)
     if getattr(capture, "output", None) is not None:
         raise ExecutorError(
             "compile_step runs a closed step that owns its loss, and this model returns an "

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from remat.executor.measure import measure
-from remat.executor.opexec import ExecutorError, compile_step, plan_to_run
+from remat.executor.opexec import ExecutorError, capture_for, compile_step, plan_to_run
 from remat.ir import Graph, Plan, PlanFigures, SolveResult, eager_plan, simulate
 from remat.ir.budget import format_bytes
 
@@ -238,7 +238,7 @@ def verify(
         )
     plan = plan_to_run(result)
     if capture is None:
-        capture = _capture_for(model, inputs, loss_fn, plan)
+        capture = capture_for(model, inputs, loss_fn, plan=plan)
     if getattr(capture, "output", None) is not None:
         raise ExecutorError(
             "verify runs a step that owns its loss, and this model returns an output without "
@@ -339,20 +339,6 @@ def verify(
         remat_step_s=remat_s,
         eager_step_s=eager_s,
     )
-
-
-def _capture_for(model: nn.Module, inputs: Any, loss_fn: LossFn | None, plan: Plan) -> Any:
-    """The step captured as the plan's graph was: a GPU target (``remat.trace(...,
-    target="h100")``) mirrors the GPU's kernels (fused dropout and attention), the default the
-    CPU's decompositions; the one whose nodes the plan computes."""
-    from remat.tracer import capture as capture_fn
-
-    computed = {s.id for s in plan.steps if s.op == "compute"}
-    got = capture_fn(model, inputs, loss_fn)
-    if computed <= {n.id for n in got.graph.nodes}:
-        return got
-    gpu = capture_fn(model, inputs, loss_fn, target="cuda")
-    return gpu if computed <= {n.id for n in gpu.graph.nodes} else got
 
 
 def _grad_diff(

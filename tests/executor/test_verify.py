@@ -54,10 +54,11 @@ def test_verify_rejects_bad_arguments() -> None:
         remat.verify(model, inputs, loss_fn, object())
 
 
-def test_verify_captures_the_step_as_a_gpu_target_traced_it() -> None:
+def test_executors_capture_the_step_as_a_gpu_target_traced_it() -> None:
     """A plan made on ``trace(..., target="h100")`` computes the GPU's fused kernels (one
-    ``native_dropout``, not the CPU's ``bernoulli`` and ``div``): verify captures the step the
-    same way, instead of failing on a node its CPU capture does not have."""
+    ``native_dropout``, not the CPU's ``bernoulli`` and ``div``): verify, ``compile_step`` and
+    ``remat.apply`` capture the step the same way, instead of failing on a node their CPU
+    capture does not have."""
     transformers = pytest.importorskip("transformers")
     import torch
 
@@ -84,3 +85,10 @@ def test_verify_captures_the_step_as_a_gpu_target_traced_it() -> None:
     report = remat.verify(model, (ids,), loss_fn, eager_plan(graph), repeats=0)
     assert report.grads_bitwise_equal
     assert report.predicted_static_bytes == report.measured_static_bytes
+    step = remat.compile_step(model, (ids,), loss_fn, eager_plan(graph))
+    assert torch.isfinite(step(ids))
+    model.zero_grad(set_to_none=True)
+    applied = remat.apply(model, eager_plan(graph), graph, loss_fn=loss_fn)
+    applied(ids).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    remat.executor.remove(model)
