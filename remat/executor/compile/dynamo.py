@@ -322,7 +322,8 @@ class RematBackend:
                 # A budget tightened past what any plan fits: keep the tries made so far.
                 if not tries or _infeasible(exc) is None:
                     raise
-                planned = self.plans[key].budget_bytes - self._tightened.get(key, 0) if key else 0
+                # The refused plan's entry (written before the partition raised).
+                planned = self.plans[key].planned_bytes if key else 0
                 notes.append(f"planned under {format_bytes(planned)}: no plan fits")
                 break
             key = self._last_key
