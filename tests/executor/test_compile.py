@@ -9,6 +9,7 @@ from handmade import partition_chain
 
 from examples.models import build_gpt
 from remat.executor.compile import RematBackend
+from remat.executor.compile.dynamo import infeasible_cause
 from remat.executor.compile.partition import PartitionModel
 from remat.executor.compile.run import compiled_step, eager_reference
 from remat.executor.compile.search import search_partition
@@ -108,9 +109,7 @@ def test_infeasible_budget_names_the_smallest(gpt):
     be = backend(1000, compiler="aot_eager", solver="greedy", time_limit_s=5)
     with pytest.raises(Exception) as info:
         compiled_step(model, inputs, loss_fn, be, ref)
-    inner = info.value
-    while inner is not None and not isinstance(inner, InfeasibleBudgetError):
-        inner = inner.__cause__ or getattr(inner, "inner_exception", None)
+    inner = infeasible_cause(info.value)
     assert isinstance(inner, InfeasibleBudgetError)
     assert inner.min_budget_bytes and inner.min_budget_bytes > 1000
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from examples.models import build_gpt
+from remat.executor.compile.dynamo import infeasible_cause
 from remat.executor.compile.plan_split import SOURCE
 from remat.executor.compile.run import compiled_step, eager_reference
 from remat.torch_compile import backend
@@ -94,9 +95,7 @@ def test_never_keeps_the_class_and_its_refusal():
     be = backend(BUDGET, compiler="aot_eager", time_limit_s=8, cost="h100", op_level="never")
     with pytest.raises(Exception) as info:
         compiled_step(model, inputs, loss_fn, be, ref)
-    inner = info.value
-    while inner is not None and not isinstance(inner, InfeasibleBudgetError):
-        inner = inner.__cause__ or getattr(inner, "inner_exception", None)
+    inner = infeasible_cause(info.value)
     assert isinstance(inner, InfeasibleBudgetError)
 
 

@@ -113,7 +113,7 @@ class _PlanOrder(InductorChoices):
         return None
 
 
-def _infeasible(exc: BaseException | None) -> InfeasibleBudgetError | None:
+def infeasible_cause(exc: BaseException | None) -> InfeasibleBudgetError | None:
     """The :class:`InfeasibleBudgetError` behind ``exc`` (torch wraps what backends raise)."""
     seen = 0
     while exc is not None and seen < 8:
@@ -320,7 +320,7 @@ class RematBackend:
                     compiled = compile_fx(gm, example_inputs)
             except Exception as exc:
                 # A budget tightened past what any plan fits: keep the tries made so far.
-                if not tries or _infeasible(exc) is None:
+                if not tries or infeasible_cause(exc) is None:
                     raise
                 # The refused plan's entry (written before the partition raised).
                 planned = self.plans[key].planned_bytes if key else 0
