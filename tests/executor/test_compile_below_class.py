@@ -154,26 +154,31 @@ def test_plans_that_offload_or_finish_the_forward_late_are_refused():
         plan_orders(jir, Plan(steps=tuple(compute(n) for n in late)))
 
 
-@pytest.mark.slow
-def test_inductor_gpt2_at_30_percent_fits_once_the_plans_order_is_pinned():
-    """transformers' GPT-2 at 30%: inductor's own heuristics move computations off the plan
-    (``mm`` and ``add`` rewritten into one ``addmm`` at the end of the backward; the query's and
-    the key's recomputed projections fused into one kernel) and need more than the budget; the
-    backend compiles again with the plan's order pinned (and, where that is still over, plans
-    again under a tightened budget), and the code kept fits, as its replay predicts, with the
-    uncompiled step's gradients (to float rounding)."""
+def _causal_lm(family: str) -> torch.nn.Module:
+    """transformers' GPT-2 or Llama (2 layers, hidden 128, vocabulary 1,024) with the user's own
+    next-token loss, as ``benchmarks/compile.py`` builds them."""
     transformers = pytest.importorskip("transformers")
     import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=1024, n_positions=128, n_embd=128, n_layer=2, n_head=4,
+            use_cache=False, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        lm = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(
+            vocab_size=1024, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            use_cache=False, attention_dropout=0.1,
+        )  # fmt: skip
+        lm = transformers.LlamaForCausalLM(cfg)
 
     class CausalLM(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            cfg = transformers.GPT2Config(
-                vocab_size=1024, n_positions=128, n_embd=128, n_layer=2, n_head=4,
-                use_cache=False, bos_token_id=0, eos_token_id=0,
-            )  # fmt: skip
-            self.lm = transformers.GPT2LMHeadModel(cfg).train()
+            self.lm = lm.train()
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             logits = self.lm(input_ids=ids).logits
@@ -181,18 +186,37 @@ def test_inductor_gpt2_at_30_percent_fits_once_the_plans_order_is_pinned():
                 logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
             )
 
-    model = CausalLM()
+    return CausalLM()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "cost", "kept"),
+    [("gpt2", "h100", ("pinned", "kernels")), ("llama", "cpu", ("kernels",))],
+)
+def test_inductor_at_30_percent_fits_once_its_code_follows_the_plan(family, cost, kept):
+    """transformers' GPT-2 and Llama at 30%: inductor's own heuristics move computations off
+    the plan (GPT-2: ``mm`` and ``add`` rewritten into one ``addmm`` at the end of the backward,
+    the query's and the key's recomputed projections fused into one kernel; Llama: the logits'
+    gradient made inside the lm head's products at the end of the backward, its two 1 MiB
+    inputs held across the recomputation) and need more than the budget. The backend compiles
+    again with the plan's order pinned, then with the plan's kernels one by one (and, where that
+    is still over, plans again under a tightened budget); the code kept fits, as its replay
+    predicts, with the uncompiled step's gradients (to float rounding)."""
+    model = _causal_lm(family)
     ids = torch.randint(0, 1024, (4, 64), generator=torch.Generator().manual_seed(0))
     ref = eager_reference(model, (ids,), lambda loss: loss)
     budget = ref.memory.static_bytes + int(0.3 * ref.memory.peak_dynamic_bytes)
-    be = backend(budget, compiler="inductor", time_limit_s=60, cost="h100")
+    be = backend(budget, compiler="inductor", time_limit_s=60, cost=cost)
     run = compiled_step(model, (ids,), lambda loss: loss, be, ref)
     (plan,) = be.plans.values()
     print(plan.inductor_tries, plan.predicted_peak_bytes, run.memory.peak_bytes, budget)
     assert plan.op_level and plan.compiled is not None
-    assert plan.inductor_tries and "pinned" in plan.inductor_tries[-1]
+    assert "heuristics" in plan.inductor_tries[0]
+    assert any(word in plan.inductor_tries[-1] for word in kept), plan.inductor_tries
     assert run.memory.peak_bytes <= budget
-    # The replay of the generated code: within 4 B to 28 KB (0.35%) of the measured peak here.
+    # The replay of the generated code: within 68 B (Llama) to 28 KB (0.35%, GPT-2 re-planned)
+    # of the measured peak here.
     assert abs(run.memory.peak_bytes / plan.predicted_peak_bytes - 1) <= 0.01
     assert run.max_grad_diff < 1e-6
     assert be.check()

@@ -30,13 +30,15 @@ more memory. The backend warns when it plans a symbolic graph. ``remat.compile``
 Inductor's schedule
 -------------------
 Inductor compiles the graphs the plan split in an order of its own: its pattern passes rewrite
-them, and it fuses kernels, so the peak of its code (replayed by
-:mod:`~remat.executor.compile.inductor_memory`) can exceed the plan's. Each graph is compiled
-up to :data:`INDUCTOR_TRIES` times, and the first whose code fits the budget is kept: with
-inductor's heuristics (the fastest code); with the plan's order pinned (:data:`PINNED_ORDER`,
-:class:`_PlanOrder`); then pinned, with the plan made again under the budget less what the
-last code needed over it. Where none fits, the try with the lowest peak is kept and the backend
-warns. :attr:`GraphPlan.inductor_tries` lists the tries with their peaks.
+them, its lowering computes a value inside the kernel that reads it, and it fuses kernels, so
+the peak of its code (replayed by :mod:`~remat.executor.compile.inductor_memory`) can exceed
+the plan's. Each graph is compiled up to four times (:data:`INDUCTOR_TRIES`), and the first
+whose code fits the budget is kept: with inductor's heuristics (the fastest code); with the
+plan's order pinned; with the plan's kernels one by one (each value made where the plan makes
+it, no fusion: :mod:`~remat.executor.compile.inductor_order`); then the kernels again, with the
+plan made under the budget less what their code needed over it. Where none fits, the try with
+the lowest peak is kept and the backend warns. :attr:`GraphPlan.inductor_tries` lists the tries
+with their peaks.
 
 ``remat.backend`` and ``remat.compile`` (:mod:`remat.torch_compile`) build this backend with a
 remat solver as its seed.
@@ -54,10 +56,10 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._inductor.choices import InductorChoices
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from remat.executor.compile.inductor_memory import CompiledMemory, capture_graphs, compiled_memory
+from remat.executor.compile.inductor_order import inductor_order
 from remat.executor.compile.joint import JointIR, joint_to_ir
 from remat.executor.compile.partition import Partition, PartitionModel
 from remat.executor.compile.plan_split import (
@@ -88,29 +90,17 @@ class RematCompileWarning(UserWarning):
     """A compiled graph's plan holds under assumptions the user should know about."""
 
 
-INDUCTOR_TRIES = 4
-"""Compiles of one graph with inductor at most: its heuristics, the plan's order pinned, and
-twice pinned with the plan made again under a tightened budget."""
+INDUCTOR_TRIES: tuple[str, ...] = ("heuristics", "pinned", "kernels", "kernels")
+"""The compiles of one graph with inductor, in order, until one's code fits: its heuristics, the
+plan's order pinned, the plan's kernels one by one
+(:mod:`~remat.executor.compile.inductor_order`), and the kernels again with the plan made under
+the budget less what the last code needed over it."""
 
-PINNED_ORDER: dict[str, Any] = {"pattern_matcher": False}
-"""Inductor's config with the plan's order pinned. Its pattern passes rewrite the graphs they
-are given: ``mm`` then ``add`` becomes one ``addmm`` at the ``add``, so a weight's gradient
-product moves to the end of the backward and holds its input there (GPT-2's tied embedding:
-1 MiB of logits' gradient across the whole backward)."""
-
-
-class _PlanOrder(InductorChoices):
-    """Inductor's fusion heuristics, less horizontal fusion (of kernels that do not feed each
-    other): a fused kernel runs where its later part ran, so the earlier part's output is
-    allocated early and its inputs live late (GPT-2: the query's and the key's recomputed
-    projections, fused into one kernel, were held together where the plan holds one)."""
-
-    @staticmethod
-    def can_fuse_horizontal(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-        return False
-
-    def uuid(self) -> Any | None:
-        return None
+_HOW = {
+    "heuristics": "inductor's heuristics",
+    "pinned": "the plan's order pinned",
+    "kernels": "the plan's kernels one by one",
+}
 
 
 def infeasible_cause(exc: BaseException | None) -> InfeasibleBudgetError | None:
@@ -275,8 +265,8 @@ class RematBackend:
         self._tightened: dict[str, int] = {}
         """Bytes taken off a graph's budget for the next inductor try (``_compile_inductor``)."""
         self._memo: dict[tuple[Any, ...], tuple[Plan | None, Partition, Partition]] = {}
-        """Plans made during one ``_compile_inductor``, by graph and budget: a try with the
-        order pinned compiles the same plan without solving again."""
+        """Plans made during one ``_compile_inductor``, by graph and budget: a later try at the
+        same budget compiles the same plan without solving again."""
         self._last_key: str | None = None
 
     # -- the dynamo backend -----------------------------------------------------------------
@@ -301,21 +291,19 @@ class RematBackend:
 
     def _compile_inductor(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         """Inductor, tried until its generated code fits the budget (module docstring,
-        "Inductor's schedule"): its own heuristics first; then the plan's order pinned; then,
-        pinned, the plan made again under the budget less what the code needed over it."""
+        "Inductor's schedule", :data:`INDUCTOR_TRIES`)."""
         from torch._inductor.compile_fx import compile_fx
 
         self._memo.clear()
         tries: list[tuple[Any, GraphPlan]] = []
         notes: list[str] = []
         key: str | None = None
-        for attempt in range(INDUCTOR_TRIES):
-            pinned = attempt > 0
+        for mode in INDUCTOR_TRIES:
             self._last_key = None
             try:
                 with (
                     capture_graphs() as graphs,
-                    self._inductor_patches(pinned=pinned),
+                    self._inductor_patches(mode),
                 ):
                     compiled = compile_fx(gm, example_inputs)
             except Exception as exc:
@@ -332,13 +320,13 @@ class RematBackend:
             mem = self._attach_compiled(key, graphs)
             plan = self.plans[key]
             tries.append((compiled, plan))
-            how = "inductor's heuristics" if not pinned else "the plan's order pinned"
+            how = _HOW[mode]
             if plan.planned_bytes != plan.budget_bytes:
                 how += f", planned under {format_bytes(plan.planned_bytes)}"
             notes.append(f"{how}: {format_bytes(plan.predicted_peak_bytes)}")
             if mem is None or mem.peak_bytes <= plan.budget_bytes:
                 break
-            if pinned:
+            if mode == "kernels":
                 # Plan again for what the compiled code needs beyond the FX graphs' figures.
                 self._tightened[key] = self._tightened.get(key, 0) + (
                     mem.peak_bytes - plan.budget_bytes
@@ -363,9 +351,8 @@ class RematBackend:
         return compiled
 
     @contextlib.contextmanager
-    def _inductor_patches(self, *, pinned: bool) -> Iterator[None]:
+    def _inductor_patches(self, mode: str) -> Iterator[None]:
         from torch._inductor import config as inductor_config
-        from torch._inductor.virtualized import V
 
         # No compile caches: the partition depends on the budget left by earlier graphs.
         patch: dict[str, Any] = {
@@ -374,8 +361,6 @@ class RematBackend:
         }
         if self.exact_random:
             patch["fallback_random"] = True
-        if pinned:
-            patch.update(PINNED_ORDER)
         with contextlib.ExitStack() as stack:
             stack.enter_context(inductor_config.patch(patch))
             stack.enter_context(
@@ -383,8 +368,7 @@ class RematBackend:
                     force_non_lazy_backward_lowering=True, enable_autograd_cache=False
                 )
             )
-            if pinned:
-                stack.enter_context(V.set_choices_handler(_PlanOrder()))
+            stack.enter_context(inductor_order(mode))
             yield
 
     # -- the partition function -------------------------------------------------------------
