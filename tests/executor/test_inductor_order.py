@@ -46,3 +46,23 @@ def test_modes_are_checked():
     with pytest.raises(ValueError, match="mode must be one of"), inductor_order("fast"):
         pass
     assert MODES == ("heuristics", "pinned", "kernels")
+
+
+def test_kernels_mode_patches_inductor_and_restores_it():
+    from torch._inductor import config as inductor_config
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    run_node, max_args = GraphLowering.run_node, CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM
+    with inductor_order("kernels"):
+        assert GraphLowering.run_node is not run_node
+        assert CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM == -1
+        assert not inductor_config.pattern_matcher and not inductor_config.allow_buffer_reuse
+        assert not V.choices.can_fuse(None, None, None, 0)
+    with inductor_order("pinned"):
+        assert GraphLowering.run_node is run_node and not inductor_config.pattern_matcher
+        assert not V.choices.can_fuse_horizontal(None, None, None, 0)
+    assert GraphLowering.run_node is run_node
+    assert max_args == CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM
+    assert inductor_config.pattern_matcher and inductor_config.allow_buffer_reuse
