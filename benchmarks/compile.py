@@ -43,75 +43,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from examples.models import build_gpt
+from examples.models import Built, build_causal_lm, build_gpt
 from remat.executor.compile import RematKnapsack
 from remat.executor.compile.evaluate import JudgedPartition, PartitionRecorder, torch_backend
 from remat.executor.compile.run import CompiledRun, EagerReference, compiled_step, eager_reference
 from remat.ir.budget import format_bytes
 from remat.torch_compile import backend
 
-Built = tuple[nn.Module, tuple[Any, ...], Callable[[Any], torch.Tensor]]
-
-
-class _CausalLM(nn.Module):
-    """A transformers causal LM with the user's own next-token loss (transformers' loss
-    function breaks the graph)."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.lm(input_ids=ids).logits
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
-
-
-def _ids(vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (4, 64), generator=torch.Generator().manual_seed(0))
-
-
-def build_gpt2() -> Built:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=1024,
-        n_positions=128,
-        n_embd=128,
-        n_layer=2,
-        n_head=4,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return _CausalLM(GPT2LMHeadModel(cfg).train()), (_ids(1024),), lambda loss: loss
-
-
-def build_llama() -> Built:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=344,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        use_cache=False,
-        attention_dropout=0.1,
-    )
-    return _CausalLM(LlamaForCausalLM(cfg).train()), (_ids(1024),), lambda loss: loss
-
-
 MODELS: dict[str, Callable[[], Built]] = {
     "gpt": lambda: build_gpt(),
-    "gpt2": build_gpt2,
-    "llama": build_llama,
+    "gpt2": lambda: build_causal_lm("gpt2"),
+    "llama": lambda: build_causal_lm("llama"),
 }
 FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.0)
 

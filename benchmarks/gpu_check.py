@@ -57,18 +57,13 @@ def check(name: str, case: Callable[[], dict[str, Any]]) -> None:
 
 
 def gpt2() -> tuple[nn.Module, tuple[torch.Tensor], None]:
-    from compile import _CausalLM
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from examples.models import build_causal_lm
 
     layers, embd, vocab, batch, seq = (2, 64, 512, 2, 32) if SMALL else (4, 256, 8192, 8, 256)
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=vocab, n_positions=seq, n_embd=embd, n_layer=layers, n_head=4,
-        use_cache=False, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    model = _CausalLM(GPT2LMHeadModel(cfg).train()).to(DEVICE)
-    gen = torch.Generator().manual_seed(0)
-    return model, (torch.randint(0, vocab, (batch, seq), generator=gen).to(DEVICE),), None
+    model, (ids,), _ = build_causal_lm(
+        "gpt2", batch=batch, seq=seq, vocab=vocab, hidden=embd, layers=layers, positions=seq
+    )
+    return model.to(DEVICE), (ids.to(DEVICE),), None
 
 
 def verify_case(budget: str, run_with: str, **solve_kw: Any) -> dict[str, Any]:

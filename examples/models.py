@@ -15,6 +15,8 @@ over). ``remat trace examples/models.py:build_gpt --out gpt.json`` traces one of
   convolutions.
 * :func:`build_vit` - a ViT-style encoder: patch embedding, class token, position embedding,
   pre-norm attention blocks.
+* :func:`build_causal_lm` - transformers' GPT-2 or Llama with the user's own next-token loss
+  (:class:`NextTokenLM`; needs ``transformers``).
 """
 
 from __future__ import annotations
@@ -414,6 +416,58 @@ def build_vit(
     return model, (x,), lambda out: F.cross_entropy(out, y)
 
 
+# -- transformers causal LMs ------------------------------------------------------------------
+class NextTokenLM(nn.Module):
+    """A transformers causal LM with the user's own next-token loss: ``forward(ids)`` returns
+    the loss (transformers' own loss function breaks a torch.compile graph)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.lm(input_ids=ids).logits
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+
+
+def build_causal_lm(
+    family: str = "gpt2",
+    *,
+    batch: int = 4,
+    seq: int = 64,
+    vocab: int = 1024,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    positions: int = 128,
+    seed: int = 0,
+) -> Built:
+    """transformers' GPT-2 (``"gpt2"``) or Llama (``"llama"``: MLP width 344, two key-value
+    heads, attention dropout 0.1) from a config (random weights, nothing downloaded) in
+    :class:`NextTokenLM`; the loss is the model's output (needs ``transformers``)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    lm: nn.Module
+    if family == "gpt2":
+        cfg: Any = transformers.GPT2Config(
+            vocab_size=vocab, n_positions=positions, n_embd=hidden, n_layer=layers,
+            n_head=heads, use_cache=False, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        lm = transformers.GPT2LMHeadModel(cfg)
+    elif family == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=344,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+            max_position_embeddings=positions, use_cache=False, attention_dropout=0.1,
+        )  # fmt: skip
+        lm = transformers.LlamaForCausalLM(cfg)
+    else:
+        raise ValueError(f"family must be 'gpt2' or 'llama', got {family!r}")
+    ids = torch.randint(0, vocab, (batch, seq), generator=_generator(seed))
+    return NextTokenLM(lm.train()), (ids,), lambda loss: loss
+
+
 BUILDERS: dict[str, Callable[..., Built]] = {
     "mlp": build_mlp,
     "gpt": build_gpt,
@@ -424,6 +478,8 @@ BUILDERS: dict[str, Callable[..., Built]] = {
 
 __all__ = [
     "BUILDERS",
+    "NextTokenLM",
+    "build_causal_lm",
     "build_gpt",
     "build_mlp",
     "build_resnet",

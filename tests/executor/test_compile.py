@@ -7,7 +7,7 @@ import pytest
 import torch
 from handmade import partition_chain
 
-from examples.models import build_gpt
+from examples.models import build_causal_lm, build_gpt
 from remat.executor.compile import RematBackend
 from remat.executor.compile.dynamo import infeasible_cause
 from remat.executor.compile.partition import PartitionModel
@@ -98,8 +98,7 @@ def test_inductor_gpt_five_budgets_within_budget_prediction_and_monotone(gpt):
 @pytest.mark.slow
 def test_inductor_transformers_gpt2_five_budgets():
     pytest.importorskip("transformers")
-    model = _CausalLM()
-    ids = _gpt2_ids()
+    model, ids = _gpt2()
     _inductor_five_budgets(model, (ids,), _identity, eager_reference(model, (ids,), _identity))
 
 
@@ -274,36 +273,11 @@ def test_knapsack_over_its_bytes_says_so(gpt):
     assert any("torch's min cut made a partition" in m for m in messages), messages
 
 
-class _CausalLM(torch.nn.Module):
-    """transformers' GPT-2 with the user's own next-token loss (transformers' loss function
-    breaks the graph)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        torch.manual_seed(0)
-        cfg = GPT2Config(
-            vocab_size=512,
-            n_positions=64,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            use_cache=False,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        self.lm = GPT2LMHeadModel(cfg).train()
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.lm(input_ids=ids).logits
-        return torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
-        )
-
-
-def _gpt2_ids() -> torch.Tensor:
-    return torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
+    """transformers' GPT-2 (2 layers, hidden 64, vocabulary 512) with the user's own next-token
+    loss, and a batch of 2 x 32 tokens."""
+    model, (ids,), _ = build_causal_lm("gpt2", batch=2, seq=32, vocab=512, hidden=64, positions=64)
+    return model, ids
 
 
 def _identity(loss: torch.Tensor) -> torch.Tensor:
@@ -313,8 +287,7 @@ def _identity(loss: torch.Tensor) -> torch.Tensor:
 @pytest.mark.slow
 def test_transformers_gpt2_five_budgets_exact_and_monotone():
     pytest.importorskip("transformers")
-    model = _CausalLM()
-    ids = _gpt2_ids()
+    model, ids = _gpt2()
     ref = eager_reference(model, (ids,), lambda loss: loss)
     peaks = []
     for budget in FIVE_BUDGETS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.models import build_gpt
+from examples.models import build_causal_lm, build_gpt
 from remat.executor.compile.dynamo import infeasible_cause
 from remat.executor.compile.plan_split import SOURCE
 from remat.executor.compile.run import compiled_step, eager_reference
@@ -154,41 +154,6 @@ def test_plans_that_offload_or_finish_the_forward_late_are_refused():
         plan_orders(jir, Plan(steps=tuple(compute(n) for n in late)))
 
 
-def _causal_lm(family: str) -> torch.nn.Module:
-    """transformers' GPT-2 or Llama (2 layers, hidden 128, vocabulary 1,024) with the user's own
-    next-token loss, as ``benchmarks/compile.py`` builds them."""
-    transformers = pytest.importorskip("transformers")
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    if family == "gpt2":
-        cfg = transformers.GPT2Config(
-            vocab_size=1024, n_positions=128, n_embd=128, n_layer=2, n_head=4,
-            use_cache=False, bos_token_id=0, eos_token_id=0,
-        )  # fmt: skip
-        lm = transformers.GPT2LMHeadModel(cfg)
-    else:
-        cfg = transformers.LlamaConfig(
-            vocab_size=1024, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-            use_cache=False, attention_dropout=0.1,
-        )  # fmt: skip
-        lm = transformers.LlamaForCausalLM(cfg)
-
-    class CausalLM(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm.train()
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            logits = self.lm(input_ids=ids).logits
-            return F.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
-            )
-
-    return CausalLM()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "cost", "kept"),
@@ -203,8 +168,8 @@ def test_inductor_at_30_percent_fits_once_its_code_follows_the_plan(family, cost
     again with the plan's order pinned, then with the plan's kernels one by one (and, where that
     is still over, plans again under a tightened budget); the code kept fits, as its replay
     predicts, with the uncompiled step's gradients (to float rounding)."""
-    model = _causal_lm(family)
-    ids = torch.randint(0, 1024, (4, 64), generator=torch.Generator().manual_seed(0))
+    pytest.importorskip("transformers")
+    model, (ids,), _ = build_causal_lm(family)
     ref = eager_reference(model, (ids,), lambda loss: loss)
     budget = ref.memory.static_bytes + int(0.3 * ref.memory.peak_dynamic_bytes)
     be = backend(budget, compiler="inductor", time_limit_s=60, cost=cost)
