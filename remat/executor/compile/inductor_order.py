@@ -51,6 +51,8 @@ import torch
 import torch.fx
 from torch._inductor.choices import InductorChoices
 
+from remat.executor.compile.fuse import FUSED
+
 __all__ = ["KERNELS_ORDER", "MODES", "PINNED_ORDER", "inductor_order", "mark_realized"]
 
 MODES = ("heuristics", "pinned", "kernels")
@@ -118,7 +120,8 @@ def mark_realized(graph: torch.fx.Graph) -> int:
     A value is marked where it is a tensor computed (not a view) from the graph's inputs (not
     only from constants: a zero fill is cheaper inlined), a reader of it (through views) runs
     more than one node later, and one of its own inputs is read for the last time before its
-    first reader."""
+    first reader. An op the plan folded into its reader (FX meta
+    :data:`~remat.executor.compile.fuse.FUSED`) is left inlined."""
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     last: dict[torch.fx.Node, int] = {}
@@ -132,7 +135,7 @@ def mark_realized(graph: torch.fx.Graph) -> int:
             data[n] = n.op == "call_function" and any(data.get(a, False) for a in n.all_input_nodes)
     marked = 0
     for n in nodes:
-        if n.op != "call_function" or not data[n] or _is_alias(n):
+        if n.op != "call_function" or not data[n] or _is_alias(n) or n.meta.get(FUSED):
             continue
         if not isinstance(n.meta.get("val"), torch.Tensor):
             continue

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -80,6 +80,9 @@ class JointIR:
     symbolic
         True when some tensor size was symbolic (dynamic shapes); sizes are then those of the
         example that triggered the compile (the symbols' hints).
+    fused
+        IR node id -> the FX nodes folded into it, in joint order, which run just before its
+        own FX node (:func:`~remat.executor.compile.fuse.fold_inlined`; empty: none).
     """
 
     graph: Graph
@@ -93,6 +96,7 @@ class JointIR:
     bw_outputs: list[Any]
     static_inputs: set[str]
     symbolic: bool
+    fused: dict[str, tuple[torch.fx.Node, ...]] = field(default_factory=dict)
 
     def forward_node_ids(self) -> list[str]:
         return [n.id for n in self.graph.nodes if n.phase == "forward"]

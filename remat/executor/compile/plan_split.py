@@ -36,6 +36,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from remat.executor.compile.fuse import FUSED
 from remat.executor.compile.joint import JointIR
 from remat.executor.compile.partition import PartitionModel
 from remat.ir import InvalidPlanError, Plan, Simulation, simulate
@@ -135,9 +136,22 @@ class _Emitter:
             self.derived[key] = made
         return made
 
-    def emit(self, nid: str, fx: torch.fx.Node, state: torch.fx.Node | None, save: bool) -> None:
-        """Copy ``fx`` (IR node ``nid``'s FX node); a random op that runs again saves its
-        generator state (``save``), a rerun replays ``state``."""
+    def emit(
+        self,
+        nid: str,
+        fx: torch.fx.Node,
+        state: torch.fx.Node | None,
+        save: bool,
+        folded: tuple[torch.fx.Node, ...] = (),
+    ) -> None:
+        """Copy ``fx`` (IR node ``nid``'s FX node), after fresh copies of the ops ``folded``
+        into it (marked :data:`~remat.executor.compile.fuse.FUSED`); a random op that runs
+        again saves its generator state (``save``), a rerun replays ``state``."""
+        for part in folded:
+            made = self.graph.node_copy(part, self.resolve)
+            made.meta[SOURCE] = part.name
+            made.meta[FUSED] = True
+            self.env[part] = made
         if state is None and not save:
             new = self.graph.node_copy(fx, self.resolve)
         else:
@@ -200,7 +214,7 @@ def split_plan(jir: JointIR, orders: PlanOrders, *, num_fwd_outputs: int) -> Pla
     placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     if any("seed" in n.name or "base_offset" in n.name for n in placeholders):
         raise InvalidPlanError("the joint graph has random seed inputs")
-    ir_fx = set(jir.node_fx.values())
+    ir_fx = set(jir.node_fx.values()) | {fx for part in jir.fused.values() for fx in part}
     for n in joint.graph.nodes:
         schema = getattr(n.target, "_schema", None)
         if n.op == "call_function" and n not in ir_fx and getattr(schema, "is_mutable", False):
@@ -224,7 +238,7 @@ def split_plan(jir: JointIR, orders: PlanOrders, *, num_fwd_outputs: int) -> Pla
         fe.env[ph] = new
     for nid in orders.forward:
         rng = nid in replayed
-        fe.emit(nid, fx_of[nid], fe.states.get(nid) if rng else None, rng)
+        fe.emit(nid, fx_of[nid], fe.states.get(nid) if rng else None, rng, jir.fused.get(nid, ()))
 
     # The backward graph, emitted against a stand-in for every tensor of the forward (those
     # it reads become its saved inputs), and a state input for each random op rerun here.
@@ -250,7 +264,7 @@ def split_plan(jir: JointIR, orders: PlanOrders, *, num_fwd_outputs: int) -> Pla
                 if state is None:
                     state = rng_in[nid] = bg.placeholder(f"rng_state_{fx_of[nid].name}")
                     state.meta["val"] = fe.states[nid].meta["val"]
-        be.emit(nid, fx_of[nid], state, nid in replayed)
+        be.emit(nid, fx_of[nid], state, nid in replayed, jir.fused.get(nid, ()))
     bw_out = [be.resolve(o) if isinstance(o, torch.fx.Node) else o for o in bwd_outputs]
     out_b = bg.output(tuple(bw_out))
     out_b.meta["desc"] = list(bwd_descs)
