@@ -123,6 +123,21 @@ def infeasible_cause(exc: BaseException | None) -> InfeasibleBudgetError | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One call of the partition function: what every plan made in it shares."""
+
+    key: str
+    index: int
+    budget_bytes: int
+    planned: int
+    """The budget the plans are made under (:attr:`GraphPlan.planned_bytes`)."""
+    eager: Any
+    """The simulation of the joint graph's eager plan (the baseline)."""
+    num_fwd_outputs: int
+    t0: float
+
+
 def _about(index: int, key: str, jir: JointIR, eager: Any, t0: float) -> dict[str, Any]:
     """The fields of a :class:`GraphPlan` that do not depend on how it was split."""
     return {
@@ -432,13 +447,12 @@ class RematBackend:
             seed_plan, best, lowest = self._solve(model, graph, planned, t0)
             self._memo[memo_key] = (seed_plan, best, lowest)
         below = ""
+        call = _Call(key, index, budget_bytes, planned, eager, num_fwd_outputs, t0)
         if seed_plan is not None and (
             self.op_level == "prefer"
             or (self.op_level == "below-class" and best.peak_bytes > planned)
         ):
-            got = self._op_level_plan(
-                key, index, jir, model, seed_plan, budget_bytes, planned, eager, num_fwd_outputs, t0
-            )
+            got = self._op_level_plan(call, jir, model, seed_plan)
             if isinstance(got, GraphPlan):
                 return got.split.forward, got.split.backward
             below = got
@@ -448,9 +462,7 @@ class RematBackend:
             and self.op_level != "never"
             and (self.op_level == "prefer" or best.peak_bytes > planned)
         ):
-            got = self._folded_plan(
-                key, index, jir, memo_key, budget_bytes, planned, eager, num_fwd_outputs, t0
-            )
+            got = self._folded_plan(call, jir, memo_key)
             if isinstance(got, GraphPlan):
                 return got.split.forward, got.split.backward
             below += got
@@ -539,18 +551,7 @@ class RematBackend:
         best, lowest = search_partition(model, budget_bytes, seeds=seeds, time_limit_s=left)
         return seed_plan, best, lowest
 
-    def _folded_plan(
-        self,
-        key: str,
-        index: int,
-        jir: JointIR,
-        memo_key: tuple[Any, ...],
-        budget_bytes: int,
-        planned: int,
-        eager: Any,
-        num_fwd_outputs: int,
-        t0: float,
-    ) -> GraphPlan | str:
+    def _folded_plan(self, call: _Call, jir: JointIR, memo_key: tuple[Any, ...]) -> GraphPlan | str:
         """With inductor: the seed's op-level plan made on the IR with the chains inductor
         inlines folded (:func:`~remat.executor.compile.fuse.fold_inlined`: the plan counts
         inductor's buffers, not the decomposed graph's intermediates), as forward and
@@ -563,27 +564,15 @@ class RematBackend:
         if fkey in self._folded_memo:
             plan = self._folded_memo[fkey]
         else:
-            plan = self._folded_memo[fkey] = self._seed_plan(model, planned)
+            plan = self._folded_memo[fkey] = self._seed_plan(model, call.planned)
         where = f"on inductor's buffers ({folded.graph.num_nodes} nodes, chains folded)"
         if plan is None:
             return f"; {where} the {self.solver} solver finds no plan either"
-        got = self._op_level_plan(
-            key, index, folded, model, plan, budget_bytes, planned, eager, num_fwd_outputs, t0
-        )
+        got = self._op_level_plan(call, folded, model, plan)
         return got if isinstance(got, GraphPlan) else f"; {where}{got.removeprefix(';')}"
 
     def _op_level_plan(
-        self,
-        key: str,
-        index: int,
-        jir: JointIR,
-        model: PartitionModel,
-        plan: Plan,
-        budget_bytes: int,
-        planned: int,
-        eager: Any,
-        num_fwd_outputs: int,
-        t0: float,
+        self, call: _Call, jir: JointIR, model: PartitionModel, plan: Plan
     ) -> GraphPlan | str:
         """The solver's op-level plan as forward and backward graphs
         (:mod:`~remat.executor.compile.plan_split`) when what they run fits the budget;
@@ -591,21 +580,21 @@ class RematBackend:
         try:
             orders = plan_orders(jir, plan)
             figures = emitted_figures(model, orders, rng_state_bytes=RNG_STATE_BYTES)
-            if figures.peak_bytes > planned:
+            if figures.peak_bytes > call.planned:
                 return (
                     f"; the {self.solver} plan below the class needs "
                     f"{format_bytes(figures.peak_bytes)}"
                 )
-            split = split_plan(jir, orders, num_fwd_outputs=num_fwd_outputs)
+            split = split_plan(jir, orders, num_fwd_outputs=call.num_fwd_outputs)
         except InvalidPlanError as exc:
             return f"; the {self.solver} plan below the class does not run compiled: {exc}"
         sim = figures.simulation
         rng_bytes = RNG_STATE_BYTES * len(split.rng_saved)
         saved = {jir.fx_value[n] for n in split.saved_nodes} & model.forward_values
-        self.plans[key] = GraphPlan(
-            **_about(index, key, jir, eager, t0),
-            budget_bytes=budget_bytes,
-            planned_bytes=planned,
+        self.plans[call.key] = GraphPlan(
+            **_about(call.index, call.key, jir, call.eager, call.t0),
+            budget_bytes=call.budget_bytes,
+            planned_bytes=call.planned,
             predicted_peak_bytes=figures.peak_bytes,
             simulated_peak_bytes=figures.peak_bytes,
             predicted_time_s=sim.total_time_s,
@@ -618,7 +607,7 @@ class RematBackend:
             split=split,
             op_level=True,
         )
-        return self.plans[key]
+        return self.plans[call.key]
 
     def _attach_compiled(self, key: str, graphs: Sequence[Any]) -> CompiledMemory | None:
         """The graph's figures from inductor's generated code (its forward and backward)."""
