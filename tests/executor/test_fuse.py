@@ -58,7 +58,7 @@ def test_chains_fold_into_their_kernel_reader():
     after = simulate(folded.graph, eager_plan(folded.graph))
     assert after.total_time_s == pytest.approx(before.total_time_s, rel=1e-12)
     assert after.peak_bytes < before.peak_bytes
-    # nothing left to fold; aot_eager's graphs are never folded (the backend's choice)
+    # nothing left to fold
     assert fold_inlined(folded) is folded
 
 
