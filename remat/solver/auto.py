@@ -541,6 +541,18 @@ def _smallest_known(
     assert best is not None
     if low is not None and (best.peak_bytes is None or low.peak_bytes < best.peak_bytes):
         best = problem.result(low.plan, solver=low.solver, started=t0)
+        if best.fits:
+            # the search below, or an earlier solve of this graph, found one within the budget
+            return best.model_copy(
+                update={
+                    "solver": "auto",
+                    "status": "feasible",
+                    "lower_bound_s": None,
+                    "message": f"no method fit the budget in its time; the smallest plan known "
+                    f"for the graph, from {low.solver}, fits it (tried {tried})",
+                    "solve_time_s": time.perf_counter() - t0,
+                }
+            )
     if offload and best.plan is not None:
         # at least a twentieth of the limit, past it if need be (within the tolerance every
         # solver has): the search before may have spent all of it

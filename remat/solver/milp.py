@@ -421,7 +421,10 @@ def solve_milp(
     order, each stage's recomputations in graph order, each node at most once per stage),
     which a plan outside it can beat (a 10-node DAG at 60%: Checkmate's proven optimum
     +18.0%, the stage relaxation's schedule +14.2%): the message tells them and they are never
-    claimed, nor are a restricted class's. See the module docstring for the formulation.
+    claimed, nor are a restricted class's. Likewise where HiGHS proves that no schedule of its
+    class fits: the stage relaxation's schedule or a fallback plan is returned where one fits,
+    and otherwise the message says which class was ruled out. See the module docstring for the
+    formulation.
 
     References
     ----------
@@ -466,30 +469,39 @@ def solve_milp(
                 f"{relaxed.detail})",
             )
     known_s = None if relaxed is None or relaxed.proves_infeasible else relaxed.time_s
-    # the stage relaxation's own schedule: it may leave Checkmate's class (a stage's reruns
-    # out of graph order, or twice), where it can beat the MILP's optimum; at the bound's
-    # time it is optimal over every schedule
-    staged: SolveResult | None = None
-    if known_s is not None and graph.num_nodes <= STAGE_MAX_NODES:
-        sp = stage_schedule(graph, budget_bytes, deadline=deadline.share(RELAXATION_SHARE))
-        if sp is not None:
-            try:
-                cand = problem.result(sp, solver="milp", started=t0, status="feasible")
-            except InvalidPlanError:
-                cand = None
-            if cand is not None and cand.fits:
-                staged = cand
-                if (cand.total_time_s or 0.0) <= known_s * (1 + 1e-6):
-                    return cand.model_copy(
-                        update={
-                            "status": "optimal",
-                            "lower_bound_s": known_s,
-                            "gap": 0.0,
-                            "message": "the stage relaxation's own schedule meets its bound: "
-                            "optimal over every schedule",
-                            "solve_time_s": time.perf_counter() - t0,
-                        }
-                    )
+
+    def stage_plan(share: float) -> SolveResult | None:
+        """The stage relaxation's own schedule, solved on ``share`` of the time left, where it
+        fits: it may leave Checkmate's class (a stage's reruns out of graph order, or twice),
+        where it can beat the MILP's optimum or fit where no plan of that class does; at the
+        bound's time it is optimal over every schedule."""
+        if graph.num_nodes > STAGE_MAX_NODES:
+            return None
+        sp = stage_schedule(graph, budget_bytes, deadline=deadline.share(share))
+        if sp is None:
+            return None
+        try:
+            cand = problem.result(sp, solver="milp", started=t0, status="feasible")
+        except InvalidPlanError:
+            return None
+        return cand if cand.fits else None
+
+    staged = stage_plan(RELAXATION_SHARE) if known_s is not None else None
+    if (
+        staged is not None
+        and known_s is not None
+        and (staged.total_time_s or 0.0) <= known_s * (1 + 1e-6)
+    ):
+        return staged.model_copy(
+            update={
+                "status": "optimal",
+                "lower_bound_s": known_s,
+                "gap": 0.0,
+                "message": "the stage relaxation's own schedule meets its bound: "
+                "optimal over every schedule",
+                "solve_time_s": time.perf_counter() - t0,
+            }
+        )
 
     def incumbent(time_s: float, bound_s: float | None) -> None:
         if problem.on_progress is None:
@@ -563,19 +575,33 @@ def solve_milp(
         )
     sol = run.solution
     if sol is None or sol.status == "infeasible":
-        if fb.fits:
-            # The model's class is narrower than a fallback's (restrictions on): use it.
-            return fb.model_copy(
+        # The model's class is narrower than the stage relaxation's schedule's or a fallback's
+        # (a stage's reruns in graph order, once each; restrictions): the faster one that fits,
+        # the relaxation's schedule solved again on the time HiGHS left where it had none.
+        if staged is None and sol is not None and deadline.left_s() > 0.5:
+            staged = stage_plan(1.0)
+        outside = [r for r in (staged, fb) if r is not None and r.fits and r.plan is not None]
+        if outside:
+            pick = min(outside, key=speed_key)
+            t = pick.total_time_s or 0.0
+            lb = None if known_s is None else min(known_s, t)
+            return pick.model_copy(
                 update={
-                    "message": "the MILP found no schedule; fallback plan",
+                    "message": "the MILP found no schedule of its class; "
+                    + ("the stage relaxation's schedule" if pick is staged else "fallback plan"),
+                    "status": "optimal" if lb is not None and t <= lb * (1 + 1e-6) else "feasible",
+                    "lower_bound_s": lb,
+                    "gap": None if lb is None or lb <= 0 else max(0.0, t / lb - 1),
                     "solve_time_s": time.perf_counter() - t0,
                 }
             )
         w = run.model.window
+        cls = "Checkmate's class" if run.model.exact else "the MILP's restricted class"
         why = (
             "the budget is below what the largest node needs"
             if sol is None
-            else "the MILP proved that no schedule fits the budget"
+            else f"the MILP proved that no schedule of {cls} fits the budget (a stage's "
+            "recomputations in graph order, once each; schedules outside it are not ruled out)"
             if w is None
             else f"the MILP proved that no schedule recomputing within {w} block(s) fits the "
             "budget (wider windows were not tried)"
