@@ -23,8 +23,9 @@ optimum or ``stage_plan`` meets the bound:
 
 A summary per family ends the table.
 
-Measured (2 cores under load, MILP 20 s, auto 5 s): best/opt is 1.00 on every chain (3 cases
-with a proven optimum) and heterogeneous chain (4); on 21 random DAGs its minimum is 0.88
+Measured (2 cores under load, MILP 20 s, auto 5 s): best/opt is 1.00 on every chain (4 cases
+with a proven optimum), heterogeneous chain (4) and U-Net (4, where ``stage_plan`` meets the
+bound and Checkmate's MILP is not proven in time); on 21 random DAGs its minimum is 0.88
 (dag10s2 at 70%: the optimum between +5.3% and Checkmate's +6.0%, the bound +5.3%, +3.4% before
 the stage relaxation ordered the reruns of a stage) and its mean 0.99. best/cm has a mean of
 0.98 and a minimum of 0.79, on dag10s1 at 60%: Checkmate proves +18.0%, but ``stage_plan`` fits
