@@ -503,6 +503,31 @@ def solve_milp(
             }
         )
 
+    def claim(res: SolveResult, message: str) -> SolveResult:
+        """``res`` (a plan that fits) with the bound proven over every schedule (the
+        relaxation's, capped at the plan): "optimal" only where the plan meets it."""
+        t = res.total_time_s or 0.0
+        lb = None if known_s is None else min(known_s, t)
+        return res.model_copy(
+            update={
+                "status": "optimal" if lb is not None and t <= lb * (1 + 1e-6) else "feasible",
+                "lower_bound_s": lb,
+                "gap": None if lb is None or lb <= 0 else max(0.0, t / lb - 1),
+                "message": message,
+                "solve_time_s": time.perf_counter() - t0,
+            }
+        )
+
+    def outside_class() -> tuple[SolveResult, str] | None:
+        """The faster of the fallback plan and the stage relaxation's schedule, where they fit
+        (plans outside the MILP's class; the fallback on a tie), and which it is."""
+        fits = [
+            (r, which)
+            for r, which in ((fb, "a fallback plan"), (staged, "the stage relaxation's schedule"))
+            if r is not None and r.fits and r.plan is not None
+        ]
+        return min(fits, key=lambda c: c[0].total_time_s or 0.0) if fits else None
+
     def incumbent(time_s: float, bound_s: float | None) -> None:
         if problem.on_progress is None:
             return
@@ -580,21 +605,9 @@ def solve_milp(
         # the relaxation's schedule solved again on the time HiGHS left where it had none.
         if staged is None and sol is not None and deadline.left_s() > 0.5:
             staged = stage_plan(1.0)
-        outside = [r for r in (staged, fb) if r is not None and r.fits and r.plan is not None]
-        if outside:
-            pick = min(outside, key=speed_key)
-            t = pick.total_time_s or 0.0
-            lb = None if known_s is None else min(known_s, t)
-            return pick.model_copy(
-                update={
-                    "message": "the MILP found no schedule of its class; "
-                    + ("the stage relaxation's schedule" if pick is staged else "fallback plan"),
-                    "status": "optimal" if lb is not None and t <= lb * (1 + 1e-6) else "feasible",
-                    "lower_bound_s": lb,
-                    "gap": None if lb is None or lb <= 0 else max(0.0, t / lb - 1),
-                    "solve_time_s": time.perf_counter() - t0,
-                }
-            )
+        pick = outside_class()
+        if pick is not None:
+            return claim(pick[0], f"the MILP found no schedule of its class; {pick[1]}")
         w = run.model.window
         cls = "Checkmate's class" if run.model.exact else "the MILP's restricted class"
         why = (
@@ -633,10 +646,6 @@ def solve_milp(
         how = "proven optimal" if sol.status == "optimal" else "dual bound"
         info += f"; {how} within Checkmate's class (class bound {run.bound_s:.6g} s)"
 
-    def bound_of(time_s: float) -> float | None:
-        """The bound proven over every schedule (the relaxation's), capped at the plan."""
-        return None if known_s is None else min(known_s, time_s)
-
     if run.plan is not None:
         res = problem.result(
             run.plan,
@@ -649,25 +658,13 @@ def solve_milp(
             res = staged.model_copy(
                 update={"message": f"the stage relaxation's schedule beats the MILP's ({info})"}
             )
-        t = res.total_time_s or 0.0
-        lb = bound_of(t)
-        # "optimal" only where the plan meets the bound proven over every schedule
-        met = lb is not None and t <= lb * (1 + 1e-6)
         if res.status != "infeasible":  # the simulator's verdict stands
-            res = res.model_copy(
-                update={
-                    "status": "optimal" if met else "feasible",
-                    "lower_bound_s": lb,
-                    "gap": None if lb is None or lb <= 0 else max(0.0, t / lb - 1),
-                }
-            )
+            res = claim(res, res.message)
         if fb_time is None or speed_key(res)[0] <= fb_time:
             return res
-    # No incumbent in time, or a fallback plan (outside the model's class) is faster.
-    which = "a fallback plan"
-    if staged is not None and (fb_time is None or (staged.total_time_s or 0.0) < fb_time):
-        fb, fb_time, which = staged, staged.total_time_s or 0.0, "the stage relaxation's schedule"
-    if not fb.fits or fb.plan is None or fb_time is None:
+    # No incumbent in time, or a plan outside the model's class is faster.
+    pick = outside_class()
+    if pick is None:
         return problem.no_plan(
             solver="milp",
             started=t0,
@@ -675,14 +672,4 @@ def solve_milp(
             status="timeout",
             message=f"the MILP found no schedule within the time limit ({info})",
         )
-    bound = known_s
-    if bound is not None:
-        bound = min(bound, fb_time)
-    return problem.result(
-        fb.plan,
-        solver="milp",
-        started=t0,
-        status="optimal" if bound is not None and fb_time <= bound * (1 + 1e-6) else "feasible",
-        lower_bound_s=bound,
-        message=f"{which} beats the MILP's incumbent ({info})",
-    )
+    return claim(pick[0], f"{pick[1]} beats the MILP's incumbent ({info})")

@@ -138,18 +138,20 @@ class _Call:
     t0: float
 
 
-def _about(index: int, key: str, jir: JointIR, eager: Any, t0: float) -> dict[str, Any]:
+def _about(call: _Call, jir: JointIR) -> dict[str, Any]:
     """The fields of a :class:`GraphPlan` that do not depend on how it was split."""
     return {
-        "index": index,
-        "key": key,
+        "index": call.index,
+        "key": call.key,
         "num_nodes": jir.graph.num_nodes,
         "static_bytes": jir.graph.static_bytes,
-        "eager_peak_bytes": eager.peak_bytes,
-        "baseline_time_s": eager.total_time_s,
-        "solve_time_s": time.perf_counter() - t0,
+        "eager_peak_bytes": call.eager.peak_bytes,
+        "baseline_time_s": call.eager.total_time_s,
+        "solve_time_s": time.perf_counter() - call.t0,
         "symbolic": jir.symbolic,
         "ir": jir,
+        "budget_bytes": call.budget_bytes,
+        "planned_bytes": call.planned,
     }
 
 
@@ -448,20 +450,15 @@ class RematBackend:
             self._memo[memo_key] = (seed_plan, best, lowest)
         below = ""
         call = _Call(key, index, budget_bytes, planned, eager, num_fwd_outputs, t0)
-        if seed_plan is not None and (
-            self.op_level == "prefer"
-            or (self.op_level == "below-class" and best.peak_bytes > planned)
-        ):
+        op_level = self.op_level == "prefer" or (
+            self.op_level == "below-class" and best.peak_bytes > planned
+        )
+        if op_level and seed_plan is not None:
             got = self._op_level_plan(call, jir, model, seed_plan)
             if isinstance(got, GraphPlan):
                 return got.split.forward, got.split.backward
             below = got
-        if (
-            self.compiler == "inductor"
-            and self.seed is not None
-            and self.op_level != "never"
-            and (self.op_level == "prefer" or best.peak_bytes > planned)
-        ):
+        if op_level and self.compiler == "inductor" and self.seed is not None:
             got = self._folded_plan(call, jir, memo_key)
             if isinstance(got, GraphPlan):
                 return got.split.forward, got.split.backward
@@ -480,9 +477,7 @@ class RematBackend:
         saved_bytes = sum(model.size[v] for v in best.saved) + rng_bytes
         fits = predicted <= planned
         self.plans[key] = GraphPlan(
-            **_about(index, key, jir, eager, t0),
-            budget_bytes=budget_bytes,
-            planned_bytes=planned,
+            **_about(call, jir),
             predicted_peak_bytes=predicted,
             simulated_peak_bytes=predicted,
             predicted_time_s=sim.total_time_s,
@@ -592,9 +587,7 @@ class RematBackend:
         rng_bytes = RNG_STATE_BYTES * len(split.rng_saved)
         saved = {jir.fx_value[n] for n in split.saved_nodes} & model.forward_values
         self.plans[call.key] = GraphPlan(
-            **_about(call.index, call.key, jir, call.eager, call.t0),
-            budget_bytes=call.budget_bytes,
-            planned_bytes=call.planned,
+            **_about(call, jir),
             predicted_peak_bytes=figures.peak_bytes,
             simulated_peak_bytes=figures.peak_bytes,
             predicted_time_s=sim.total_time_s,
